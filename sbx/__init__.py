@@ -1,0 +1,3 @@
+"""sbx: self-hosted, machine-like sandboxes for background AI agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,157 @@
+"""Settings shared by every layer: sandbox sizes, paths on the host, network ranges.
+
+Everything comes from defaults, then ``$SBX_CONFIG`` (a TOML file, default ``/etc/sbx/server.toml``), then
+``SBX_*`` environment variables. Sizes follow the seed resize guide: small 2 vCPU / 4 GiB, default 4 / 8,
+large 8 / 16, xlarge 16 / 32; disks 20 / 56 / 112 / 224 GiB. A test configuration shrinks the memory and disk
+figures (``SBX_PROFILE=test``) so a 2-core, 24 GiB machine can run several sandboxes at once.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+SIZE_ORDER = ["small", "default", "large", "xlarge"]
+
+
+@dataclass(frozen=True)
+class Size:
+    """One sandbox size: ``vcpus`` (CFS quota in whole CPUs), ``memory_mib`` (memory-cgroup limit, MiB),
+    ``disk_mib`` (size of the sparse root disk image, MiB)."""
+
+    name: str
+    vcpus: int
+    memory_mib: int
+    disk_mib: int
+
+    @property
+    def memory_gb(self) -> float:
+        """Memory in GiB as the API reports it (``memoryGB``): an int when whole, else a float."""
+        gb = self.memory_mib / 1024
+        return int(gb) if gb == int(gb) else round(gb, 3)
+
+    @property
+    def disk_gb(self) -> float:
+        """Disk in GiB as the API reports it (``diskGB``)."""
+        gb = self.disk_mib / 1024
+        return int(gb) if gb == int(gb) else round(gb, 3)
+
+    def rank(self) -> int:
+        """Position in :data:`SIZE_ORDER`; resizing may only go up."""
+        return SIZE_ORDER.index(self.name)
+
+
+PRODUCTION_SIZES = {
+    "small": Size("small", 2, 4 * 1024, 20 * 1024),
+    "default": Size("default", 4, 8 * 1024, 56 * 1024),
+    "large": Size("large", 8, 16 * 1024, 112 * 1024),
+    "xlarge": Size("xlarge", 16, 32 * 1024, 224 * 1024),
+}
+
+# The test profile: the resize guide's task holds ~384 MiB in its heavy step, so small (256 MiB) OOMs and
+# default (512 MiB) fits. Disks stay small so growing them is quick.
+TEST_SIZES = {
+    "small": Size("small", 2, 256, 2 * 1024),
+    "default": Size("default", 4, 512, 3 * 1024),
+    "large": Size("large", 8, 1024, 4 * 1024),
+    "xlarge": Size("xlarge", 16, 2048, 5 * 1024),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where a node keeps its things and how the server listens.
+
+    - ``home``: host-wide root (``/var/lib/sbx``): CRIU install, the reflink XFS data volume.
+    - ``volume``: mount point of the reflink XFS volume; base images are cached in ``volume/images``.
+    - ``node_name``: this node's folder on the volume (``volume/nodes/<node_name>``) and its name in network
+      objects; two servers on one host need two names.
+    - ``state_dir``: the server's own files (SQLite database, token, OCI bundles).
+    - ``bridge`` / ``subnet``: the host bridge sandboxes attach to, and its IPv4 /16.
+    """
+
+    home: Path = Path("/var/lib/sbx")
+    node_name: str = "node0"
+    state_dir: Path = Path("/var/lib/sbx/server")
+    bridge: str = "sbx0"
+    subnet: str = "10.88.0.0/16"
+    domain: str = "sbx.localhost"
+    host: str = "127.0.0.1"
+    port: int = 7070
+    proxy_port: int = 7080
+    profile: str = "production"
+    volume_size_gib: int = 200
+    auto_snapshot_seconds: int = 600
+    auto_snapshot_keep: int = 3
+    fork_default_ttl: int = 3600
+    sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
+
+    @property
+    def volume(self) -> Path:
+        return self.home / "volume"
+
+    @property
+    def volume_backing(self) -> Path:
+        return self.home / "volume.xfs"
+
+    @property
+    def criu_dir(self) -> Path:
+        return self.home / "criu"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.volume / "images"
+
+    @property
+    def node_dir(self) -> Path:
+        return self.volume / "nodes" / self.node_name
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{self.state_dir / 'sbx.db'}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def size(self, name: str) -> Size:
+        """The :class:`Size` called ``name``; raises ``KeyError`` for an unknown type."""
+        return self.sizes[name]
+
+
+_ENV_FIELDS = {
+    "SBX_HOME": ("home", Path),
+    "SBX_NODE_NAME": ("node_name", str),
+    "SBX_STATE_DIR": ("state_dir", Path),
+    "SBX_BRIDGE": ("bridge", str),
+    "SBX_SUBNET": ("subnet", str),
+    "SBX_DOMAIN": ("domain", str),
+    "SBX_HOST": ("host", str),
+    "SBX_PORT": ("port", int),
+    "SBX_PROXY_PORT": ("proxy_port", int),
+    "SBX_PROFILE": ("profile", str),
+    "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
+}
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build :class:`Settings` from defaults, the TOML file at ``$SBX_CONFIG`` (if it exists), ``SBX_*``
+    environment variables, then ``overrides`` (keyword arguments named like the fields)."""
+    values: dict[str, object] = {}
+    cfg = Path(os.environ.get("SBX_CONFIG", "/etc/sbx/server.toml"))
+    if cfg.is_file():
+        with cfg.open("rb") as f:
+            data = tomllib.load(f)
+        for key, value in data.items():
+            if key in Settings.__dataclass_fields__ and key != "sizes":
+                values[key] = Path(value) if key in ("home", "state_dir") else value
+    for env, (name, kind) in _ENV_FIELDS.items():
+        if env in os.environ:
+            values[name] = kind(os.environ[env])
+    values.update(overrides)
+    settings = Settings(**values)  # type: ignore[arg-type]
+    if settings.profile == "test":
+        settings = replace(settings, sizes=dict(TEST_SIZES))
+    return settings

@@ -1,0 +1,190 @@
+"""The node agent's interface: what the control plane may ask of a machine that runs sandboxes.
+
+The control plane (``sbx.control``) calls a :class:`NodeAgent`; ``sbx.node.agent.LocalNode`` is the real one
+(runc + CRIU on this host) and unit tests use a fake with the same methods. All calls block; the API runs them in
+worker threads. Sizes are :class:`sbx.config.Size`; times are seconds; byte counts are bytes.
+
+Errors: every method raises :class:`NodeError` (with a stable ``code``) for a failure it understands; anything
+else is a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from sbx.config import Size
+
+
+class NodeError(Exception):
+    """A node operation failed in a way the caller can report: ``code`` is stable (``not_found``,
+    ``exec_failed``, ``checkpoint_failed``, ``restore_failed``, ``boot_failed``, ``cpu_mismatch``, ...)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class SandboxSpec:
+    """What a node needs to boot a sandbox.
+
+    - ``id``: ``sb_`` + 10 lowercase alphanumerics; names the container, disk, cgroup and veth.
+    - ``hostname``: the sandbox's hostname (its 3-word subdomain).
+    - ``size``: limits (vCPUs, memory MiB, disk MiB).
+    - ``env``: extra environment for every exec (per-sandbox env, copied by fork).
+    """
+
+    id: str
+    hostname: str
+    size: Size
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ResumeResult:
+    """Outcome of :meth:`NodeAgent.resume`.
+
+    ``memory_restored`` is True when CRIU restored the processes; otherwise the sandbox cold-booted from its
+    disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``);
+    ``error`` keeps the restore error text when there was one.
+    """
+
+    memory_restored: bool
+    reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class ExecEvent:
+    """One piece of a running exec: ``kind`` is ``stdout``/``stderr`` (``data`` holds the bytes) or ``exit``
+    (``exit_code`` holds the command's own code; 124 after ``timed_out``; 137 for an OOM or other SIGKILL)."""
+
+    kind: Literal["stdout", "stderr", "exit"]
+    data: bytes = b""
+    exit_code: int | None = None
+    timed_out: bool = False
+
+
+@dataclass
+class JobInfo:
+    """A detached exec (``sbx exec --detach``): ``id`` (``job_`` + 8 chars), the ``command`` string,
+    ``running``, ``exit_code`` (None while running), ``started_at`` (ISO 8601 UTC)."""
+
+    id: str
+    command: str
+    running: bool
+    exit_code: int | None
+    started_at: str
+
+
+@dataclass
+class Stats:
+    """A fresh sample of a sandbox's use: memory limit and use (MiB), CPU use since the last sample
+    (percent of one CPU), disk used inside the sandbox (MiB, from statfs of its root), OOM kills counted by
+    its memory cgroup, and disk bytes allocated on the volume / unique to this sandbox."""
+
+    memory_total_mb: int
+    memory_used_mb: int
+    cpu_percent: float
+    disk_used_mb: int
+    oom_kills: int
+    disk_allocated_bytes: int = 0
+    disk_unique_bytes: int = 0
+
+
+@dataclass
+class SnapshotInfo:
+    """A sealed, read-only copy of a sandbox's disk: ``name``, ``source_id``, ``size_mib`` of the disk image,
+    ``allocated_bytes`` and ``unique_bytes`` on the volume."""
+
+    name: str
+    source_id: str
+    size_mib: int
+    allocated_bytes: int = 0
+    unique_bytes: int = 0
+
+
+NodeStatus = Literal["running", "checkpointed", "stopped", "absent"]
+
+
+class NodeAgent(Protocol):
+    """The operations a node offers. ``id`` arguments are sandbox ids the node has been told about."""
+
+    def create(self, spec: SandboxSpec, from_snapshot: str | None = None) -> None:
+        """Make the sandbox's disk (from the base image, or a copy of snapshot ``from_snapshot``), grow it to
+        ``spec.size.disk_mib``, give it a fresh identity, boot it and wait until exec works. Raises
+        ``NodeError("boot_failed")``, ``NodeError("not_found")`` for an unknown snapshot."""
+        ...
+
+    def exec(
+        self,
+        id: str,
+        command: str,
+        *,
+        user: str = "user",
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Iterator[ExecEvent]:
+        """Run ``command`` with ``bash -lc`` in the sandbox; yield output as it comes, then one ``exit`` event.
+        On ``timeout`` (seconds) the whole process group is killed and the exit event has code 124."""
+        ...
+
+    def exec_detached(self, id: str, command: str, *, user: str = "user") -> JobInfo:
+        """Start ``command`` as a job that outlives the caller (and a stop/resume with memory)."""
+        ...
+
+    def jobs(self, id: str) -> list[JobInfo]:
+        """The sandbox's detached jobs, oldest first."""
+        ...
+
+    def job_output(self, id: str, job: str, stream: str, offset: int = 0) -> bytes:
+        """Bytes of a job's ``stream`` (``stdout``/``stderr``) from byte ``offset``."""
+        ...
+
+    def stop(self, id: str, keep_memory: bool = True) -> bool:
+        """Stop the sandbox. With ``keep_memory`` checkpoint it with CRIU first; returns True when a memory
+        image was written. Always seals a disk checkpoint. Never loses the disk."""
+        ...
+
+    def resume(self, id: str, spec: SandboxSpec, *, cold: bool = False, require_memory: bool = False) -> ResumeResult:
+        """Bring a stopped sandbox back at ``spec.size``. Restores memory when a usable image exists and
+        ``cold`` is False (``cold`` is set for a resize: the disk is grown first); otherwise cold-boots."""
+        ...
+
+    def fork(self, source_id: str, spec: SandboxSpec) -> None:
+        """Copy the source's disk copy-on-write (freezing its filesystem for the copy when it runs) and cold
+        boot ``spec`` on the copy with a new identity. The source is not otherwise touched."""
+        ...
+
+    def snapshot(self, id: str, name: str) -> SnapshotInfo:
+        """Seal a read-only copy of the sandbox's disk under ``name`` (constant time)."""
+        ...
+
+    def delete_snapshot(self, name: str) -> None:
+        """Remove snapshot ``name``; blocks shared with disks stay."""
+        ...
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """Every snapshot on this node."""
+        ...
+
+    def delete(self, id: str) -> None:
+        """Kill the sandbox if it runs and remove its disk, checkpoints and network."""
+        ...
+
+    def stats(self, id: str) -> Stats:
+        """A fresh sample (never a cached one)."""
+        ...
+
+    def status(self, id: str) -> NodeStatus:
+        """What the node finds for ``id`` now."""
+        ...
+
+    def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
+        """On start: given the control plane's ``{id: state}``, remove orphans (containers, mounts, loop
+        devices, veths of unknown ids) and return what is actually there for each known id."""
+        ...
