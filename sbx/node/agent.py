@@ -1,0 +1,779 @@
+"""The node agent for this machine: sandboxes as runc containers on reflink-cloned ext4 disks.
+
+:class:`LocalNode` implements :class:`sbx.node.types.NodeAgent`. Where things live (``settings`` from
+:mod:`sbx.config`):
+
+- ``<node_dir>/sandboxes/<id>/disk.ext4``: the sandbox's root disk (sparse ext4 on the reflink XFS volume);
+- ``<node_dir>/sandboxes/<id>/memory/``: the CRIU image of a stop that kept memory, with ``host.json`` (the host
+  fingerprint) written last, so an image without it is incomplete and never restored;
+- ``<node_dir>/sandboxes/<id>/seals/``: sealed disk checkpoints (one per stop), for incremental export;
+- ``<node_dir>/sandboxes/<id>/node.json``: the node's record (spec, lease, phase) written before and after every
+  side effect, so :meth:`LocalNode.reconcile` can put a sandbox back in a consistent state after a crash;
+- ``<node_dir>/snapshots/<name>.ext4`` (+ ``.json``): named snapshots;
+- ``/run/sbx/<node>/``: runc's state root and the OCI bundles (``config.json`` + the disk's mount point).
+
+Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
+is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it
+matches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sbx.config import Settings, Size
+from sbx.node import cgroup, guestfs, network
+from sbx.node.types import (
+    ExecEvent,
+    JobInfo,
+    NodeError,
+    NodeStatus,
+    ResumeResult,
+    SandboxSpec,
+    SnapshotInfo,
+    Stats,
+)
+from sbx.runtime import criu
+from sbx.runtime.base import RuntimeError_
+from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config
+from sbx.runtime.runc import RuncRuntime, kill_process_group
+from sbx.storage import disk as disks
+from sbx.storage import mounts, space
+from sbx.storage.errors import StorageError
+
+log = logging.getLogger("sbx.node")
+
+USER_UID = 1000
+USER_GID = 1000
+JOBS_DIR = "/var/lib/sbx-jobs"
+READY_TIMEOUT = 90.0
+SEALS_KEPT = 2
+_JOB_RE = re.compile(r"^job_[a-z0-9]{8}$")
+_SNAPSHOT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _login_env(user: str, extra: dict[str, str] | None) -> list[str]:
+    home = "/root" if user == "root" else "/home/user"
+    env = {
+        "HOME": home,
+        "USER": user,
+        "LOGNAME": user,
+        "SHELL": "/bin/bash",
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "TERM": "xterm-256color",
+    }
+    env.update(extra or {})
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+class LocalNode:
+    """Sandboxes on this host (runc + CRIU + reflink disks). Thread-safe: each sandbox has its own lock, and
+    operations on different sandboxes run in parallel."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.run_dir = Path("/run/sbx") / settings.node_name
+        self.sandboxes_dir = settings.node_dir / "sandboxes"
+        self.snapshots_dir = settings.node_dir / "snapshots"
+        self.runtime = RuncRuntime(self.run_dir / "runc", criu.criu_binary(settings.criu_dir))
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self._lease_lock = threading.Lock()
+        self._image: Path | None = None
+
+    # ----------------------------------------------------------------- setup
+
+    def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+        """Make the host ready to run sandboxes: the reflink volume, the base image (built once, cached by its
+        recipe hash), the node's folders and the bridge with its nftables rules. Idempotent."""
+        from sbx.node.image import ensure_image
+        from sbx.storage.volume import ensure_volume
+
+        say = progress or (lambda _m: None)
+        say("data volume")
+        ensure_volume(self.settings)
+        say("sandbox image")
+        self._image = ensure_image(self.settings, progress)
+        for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
+            d.mkdir(parents=True, exist_ok=True)
+        say("network")
+        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name)
+
+    @property
+    def image(self) -> Path:
+        if self._image is None:
+            from sbx.node.image import ensure_image
+
+            self._image = ensure_image(self.settings)
+        return self._image
+
+    # ----------------------------------------------------------------- paths and records
+
+    def _lock(self, sid: str) -> threading.RLock:
+        with self._locks_guard:
+            return self._locks.setdefault(sid, threading.RLock())
+
+    def _dir(self, sid: str) -> Path:
+        return self.sandboxes_dir / sid
+
+    def _disk(self, sid: str) -> Path:
+        return self._dir(sid) / "disk.ext4"
+
+    def _memory(self, sid: str) -> Path:
+        return self._dir(sid) / "memory"
+
+    def _bundle(self, sid: str) -> Path:
+        return self.run_dir / "bundles" / sid
+
+    def _rootfs(self, sid: str) -> Path:
+        return self._bundle(sid) / "rootfs"
+
+    def _cgroup_path(self, sid: str) -> str:
+        return f"/sbx/{self.settings.node_name}/{sid}"
+
+    def _record(self, sid: str) -> dict[str, Any]:
+        p = self._dir(sid) / "node.json"
+        if not p.is_file():
+            raise NodeError("not_found", f"sandbox {sid} is not on this node")
+        return json.loads(p.read_text())
+
+    def _save(self, sid: str, rec: dict[str, Any]) -> None:
+        p = self._dir(sid) / "node.json"
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=1))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+
+    def _set_phase(self, sid: str, phase: str, **extra: Any) -> dict[str, Any]:
+        rec = self._record(sid)
+        rec["phase"] = phase
+        rec.update(extra)
+        self._save(sid, rec)
+        return rec
+
+    def _lease(self, sid: str) -> network.Lease:
+        return network.lease_from_json(json.dumps(self._record(sid)["lease"]))
+
+    def _new_lease(self, sid: str) -> dict[str, str]:
+        with self._lease_lock:
+            taken = set()
+            for rec in self.sandboxes_dir.glob("*/node.json"):
+                try:
+                    taken.add(json.loads(rec.read_text())["lease"]["address"])
+                except (OSError, ValueError, KeyError):
+                    continue
+            addr = network.allocate(self.settings.subnet, taken)
+            gw = str(network.gateway_of(self.settings.subnet).ip)
+            return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
+
+    @staticmethod
+    def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
+        return {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
+
+    # ----------------------------------------------------------------- boot
+
+    def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
+        bundle = self._bundle(sid)
+        self._rootfs(sid).mkdir(parents=True, exist_ok=True)
+        (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
+        cpus = min(size.vcpus, os.cpu_count() or 1)
+        cspec = ContainerSpec(
+            hostname=rec["spec"]["hostname"],
+            memory_bytes=size.memory_mib * 1024 * 1024,
+            vcpus=size.vcpus,
+            cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
+            cgroup_path=self._cgroup_path(sid),
+            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
+            hook_env=[
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
+            ],
+        )
+        config = build_config(cspec)
+        # Legacy cgroup mode for systemd: no inotify watches on cgroup2 `cgroup.events` files, which CRIU
+        # cannot reopen on restore (measured here: "fsnotify: Unable to open .../cgroup.events").
+        config["process"]["env"].append("SYSTEMD_PROC_CMDLINE=systemd.legacy_systemd_cgroup_controller=1")
+        (bundle / "config.json").write_text(json.dumps(config, indent=1))
+        return bundle
+
+    def _mount(self, sid: str) -> None:
+        rootfs = self._rootfs(sid)
+        rootfs.mkdir(parents=True, exist_ok=True)
+        if disks.mounted_at(self._disk(sid)) is None:
+            disks.mount(self._disk(sid), rootfs)
+
+    def _umount(self, sid: str, wait: float = 15.0) -> None:
+        """Unmount the sandbox's disk and wait until no loop device holds the image any more, so the next
+        e2fsck/resize2fs/reflink sees a quiet file (a dying container's mount namespace can keep the filesystem
+        alive for a moment after the host's unmount, and the loop device then detaches lazily)."""
+        mp = disks.mounted_at(self._disk(sid))
+        if mp is not None:
+            disks.umount(mp)
+        deadline = time.monotonic() + wait
+        while mounts.loop_devices_for(self._disk(sid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _write_identity(self, sid: str, hostname: str, fresh: bool) -> None:
+        """Write hostname, hosts, resolv.conf (and, for a new identity, machine-id and /etc/sbx/identity) into
+        the mounted disk, never following the guest's symlinks (:mod:`sbx.node.guestfs`)."""
+        root = self._rootfs(sid)
+        guestfs.write_file(root, "etc/hostname", f"{hostname}\n".encode())
+        guestfs.write_file(
+            root, "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n::1 localhost ip6-localhost\n".encode()
+        )
+        guestfs.write_file(root, "etc/resolv.conf", _resolv_conf().encode())
+        if fresh:
+            guestfs.write_file(root, "etc/machine-id", (uuid.uuid4().hex + "\n").encode(), mode=0o444)
+            guestfs.write_file(root, "etc/sbx/identity", f"{sid} {secrets.token_hex(8)}\n".encode())
+
+    def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None:
+        """Cold boot from the disk: mount, write identity, start runc, wait for systemd."""
+        rec = self._record(sid)
+        self._discard_memory(sid)
+        self._cleanup_container(sid)
+        self._mount(sid)
+        self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
+        bundle = self._write_bundle(sid, rec, size)
+        self._set_phase(sid, "booting")
+        try:
+            self.runtime.boot(sid, bundle)
+            self._wait_ready(sid)
+        except (RuntimeError_, NodeError) as e:
+            self._cleanup_container(sid)
+            self._umount(sid)
+            self._set_phase(sid, "stopped")
+            raise NodeError("boot_failed", str(e)) from e
+        self._set_phase(sid, "running", size=size.name)
+
+    def _wait_ready(self, sid: str) -> str:
+        """Poll ``systemctl is-system-running`` until ``running`` or ``degraded`` (runtime-facts: ``--wait``
+        too early fails with "Failed to connect to bus"). Returns the state; raises ``NodeError`` on timeout."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        state = ""
+        while time.monotonic() < deadline:
+            p = subprocess.run(
+                [
+                    self.runtime.runc,
+                    "--root",
+                    str(self.runtime.state_root),
+                    "exec",
+                    sid,
+                    "systemctl",
+                    "is-system-running",
+                ],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
+            state = p.stdout.strip()
+            if state in ("running", "degraded"):
+                rec = self._record(sid)
+                rec["systemState"] = state
+                self._save(sid, rec)
+                return state
+            if self.runtime.state(sid) not in ("running", "created"):
+                raise NodeError("boot_failed", f"container exited during boot ({state or p.stderr.strip()})")
+            time.sleep(0.1)
+        raise NodeError("boot_failed", f"systemd did not finish booting in {READY_TIMEOUT:.0f} s ({state})")
+
+    def _cleanup_container(self, sid: str, wait: float = 15.0) -> None:
+        """Delete the container and wait until its cgroup holds no process, then remove its veth and cgroups."""
+        if self.runtime.state(sid) is not None:
+            self.runtime.delete(sid)
+        deadline = time.monotonic() + wait
+        while cgroup.has_processes(self._cgroup_path(sid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            network.unwire_sandbox(self._lease(sid))
+        except NodeError:
+            pass
+        cgroup.remove_tree(self._cgroup_path(sid))
+
+    def _discard_memory(self, sid: str) -> None:
+        mem = self._memory(sid)
+        if mem.exists():
+            shutil.rmtree(mem, ignore_errors=True)
+        shutil.rmtree(self._dir(sid) / "criu-work", ignore_errors=True)
+
+    # ----------------------------------------------------------------- NodeAgent
+
+    def create(self, spec: SandboxSpec, from_snapshot: str | None = None) -> None:
+        with self._lock(spec.id):
+            base = self.image if from_snapshot is None else self._snapshot_path(from_snapshot)
+            if not base.is_file():
+                raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
+            d = self._dir(spec.id)
+            d.mkdir(parents=True, exist_ok=True)
+            self._save(
+                spec.id,
+                {
+                    "spec": self._spec_dict(spec),
+                    "lease": self._new_lease(spec.id),
+                    "phase": "creating",
+                    "size": spec.size.name,
+                    "oomKills": 0,
+                },
+            )
+            try:
+                disks.create_disk(base, self._disk(spec.id), spec.size.disk_mib)
+            except StorageError as e:
+                raise NodeError("boot_failed", f"disk: {e}") from e
+            self._set_phase(spec.id, "stopped")
+            self._boot(spec.id, spec.size, fresh_identity=True)
+
+    def exec(
+        self,
+        id: str,
+        command: str,
+        *,
+        user: str = "user",
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Iterator[ExecEvent]:
+        self._require_running(id)
+        rec = self._record(id)
+        uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
+        home = "/root" if user == "root" else "/home/user"
+        pid_file = self._bundle(id) / f"exec-{secrets.token_hex(4)}.pid"
+        proc = self.runtime.exec(
+            id,
+            ["/bin/bash", "-lc", command],
+            uid=uid,
+            gid=gid,
+            cwd=cwd or home,
+            env=_login_env(user, {**rec["spec"].get("env", {}), **(env or {})}),
+            pid_file=pid_file,
+        )
+        return self._stream(proc, pid_file, timeout)
+
+    def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None) -> Iterator[ExecEvent]:
+        sel = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        timed_out = False
+        try:
+            open_streams = 2
+            while open_streams:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if deadline is not None and wait == 0.0 and not timed_out:
+                    timed_out = True
+                    kill_process_group(pid_file)
+                    deadline = None
+                    continue
+                for key, _ in sel.select(wait):
+                    chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                        continue
+                    yield ExecEvent(kind=key.data, data=chunk)
+            code = proc.wait()
+        finally:
+            sel.close()
+            if proc.poll() is None:  # the consumer went away: kill the command's process group
+                kill_process_group(pid_file)
+                proc.kill()
+                proc.wait()
+            pid_file.unlink(missing_ok=True)
+        if timed_out:
+            yield ExecEvent(kind="exit", exit_code=124, timed_out=True)
+        else:
+            yield ExecEvent(kind="exit", exit_code=code if code >= 0 else 128 - code)
+
+    def _require_running(self, sid: str) -> None:
+        if self.runtime.state(sid) != "running":
+            self._record(sid)  # raises not_found for an unknown id
+            raise NodeError("not_running", f"sandbox {sid} is not running")
+
+    def _root(self, sid: str, script: str, *args: str, input: bytes | None = None) -> bytes:
+        try:
+            return self.runtime.run(sid, ["/bin/bash", "-c", script, "sbx", *args], input=input)
+        except RuntimeError_ as e:
+            raise NodeError("exec_failed", e.detail) from e
+
+    def exec_detached(self, id: str, command: str, *, user: str = "user") -> JobInfo:
+        """Start ``command`` as a transient systemd unit (``systemd-run``) inside the sandbox. A process that
+        ``runc exec`` starts is reparented outside the container's process tree when runc exits, so CRIU would not
+        dump it (measured); a unit of the sandbox's own systemd is a child of PID 1 and survives stop/resume with
+        memory. Output goes to ``/var/lib/sbx-jobs/<job>/{stdout,stderr}``, the exit code to ``exit``."""
+        self._require_running(id)
+        job = "job_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+        rec = self._record(id)
+        uid = "0" if user == "root" else str(USER_UID)
+        home = "/root" if user == "root" else "/home/user"
+        env_args = [f"--setenv={e}" for e in _login_env(user, rec["spec"].get("env", {}))]
+        script = (
+            'set -e; d="$1"; shift; mkdir -p "$d"; chmod 0755 "$(dirname "$d")"; printf "%s" "$CMD" > "$d/cmd"; '
+            'date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started"; chown -R "$UIDN:$UIDN" "$d"; '
+            'systemd-run --quiet --collect --unit="sbx-$JOB" --uid="$UIDN" --gid="$UIDN" '
+            '--working-directory="$HOMED" "$@" /bin/bash -c '
+            '\'bash -lc "$(cat "$0/cmd")" >"$0/stdout" 2>"$0/stderr"; echo $? > "$0/exit"\' "$d"'
+        )
+        full = f"CMD={shlex.quote(command)} JOB={job} UIDN={uid} HOMED={home}; " + script
+        self._root(id, full, f"{JOBS_DIR}/{job}", *env_args)
+        return JobInfo(id=job, command=command, running=True, exit_code=None, started_at=_now())
+
+    def jobs(self, id: str) -> list[JobInfo]:
+        self._require_running(id)
+        script = (
+            f'for d in {JOBS_DIR}/job_*; do [ -d "$d" ] || continue; j=$(basename "$d"); '
+            'e=$(cat "$d/exit" 2>/dev/null || true); s=$(cat "$d/started" 2>/dev/null || true); '
+            'a=$(systemctl is-active "sbx-$j" 2>/dev/null || true); '
+            'jq -cn --arg id "$j" --rawfile cmd "$d/cmd" --arg exit "$e" --arg started "$s" --arg active "$a" '
+            "'{id:$id,cmd:$cmd,exit:$exit,started:$started,active:$active}'; done"
+        )
+        out = self._root(id, script).decode()
+        jobs = []
+        for line in out.splitlines():
+            d = json.loads(line)
+            code = int(d["exit"]) if d["exit"].strip().lstrip("-").isdigit() else None
+            jobs.append(
+                JobInfo(
+                    id=d["id"],
+                    command=d["cmd"],
+                    running=code is None and d["active"] in ("active", "activating"),
+                    exit_code=code,
+                    started_at=d["started"],
+                )
+            )
+        return sorted(jobs, key=lambda j: j.started_at)
+
+    def job_output(self, id: str, job: str, stream: str, offset: int = 0) -> bytes:
+        if not _JOB_RE.match(job) or stream not in ("stdout", "stderr"):
+            raise NodeError("not_found", f"no job {job!r} with stream {stream!r}")
+        self._require_running(id)
+        script = (
+            f"f={JOBS_DIR}/{job}/{stream}; [ -e {JOBS_DIR}/{job} ] || exit 3; "
+            f'[ -f "$f" ] && tail -c +{int(offset) + 1} "$f" || true'
+        )
+        try:
+            return self.runtime.run(id, ["/bin/bash", "-c", script])
+        except RuntimeError_ as e:
+            raise NodeError("not_found", f"no job {job!r} in {id}") from e
+
+    # ----------------------------------------------------------------- stop / resume
+
+    def stop(self, id: str, keep_memory: bool = True) -> bool:
+        with self._lock(id):
+            rec = self._record(id)
+            state = self.runtime.state(id)
+            if state is None:
+                self._umount(id)
+                self._set_phase(id, rec["phase"] if rec["phase"] == "checkpointed" else "stopped")
+                return rec["phase"] == "checkpointed"
+            rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(id))
+            rec["phase"] = "stopping"
+            self._save(id, rec)
+            saved = False
+            if keep_memory:
+                mem = self._memory(id)
+                try:
+                    self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work")
+                    criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
+                    saved = True
+                except RuntimeError_ as e:
+                    log.warning("checkpoint of %s failed, stopping without memory: %s", id, e.detail)
+                    self._discard_memory(id)
+                    self._set_phase(id, "stopping", lastError=e.detail)
+            if not saved:
+                self._halt(id)
+            self._cleanup_container(id)
+            self._umount(id)
+            self._seal(id)
+            self._set_phase(id, "checkpointed" if saved else "stopped")
+            return saved
+
+    def _halt(self, sid: str, grace: float = 10.0) -> None:
+        """Ask systemd to halt (SIGRTMIN+3), then SIGKILL after ``grace`` seconds."""
+        self.runtime.kill(sid, STOP_SIGNAL)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.runtime.state(sid) == "running":
+            time.sleep(0.1)
+        self.runtime.kill(sid, signal.SIGKILL)
+
+    def _seal(self, sid: str) -> None:
+        seal_dir = self._dir(sid) / "seals"
+        try:
+            disks.seal(self._disk(sid), seal_dir)
+            for old in disks.list_seals(seal_dir)[:-SEALS_KEPT]:
+                disks.delete_seal(seal_dir, old.seq)
+        except StorageError as e:
+            log.warning("sealing the disk of %s failed: %s", sid, e)
+
+    def resume(self, id: str, spec: SandboxSpec, *, cold: bool = False, require_memory: bool = False) -> ResumeResult:
+        with self._lock(id):
+            rec = self._record(id)
+            if self.runtime.state(id) == "running":
+                return ResumeResult(memory_restored=False, reason="already_running")
+            old_size = rec.get("size", spec.size.name)
+            resized = old_size != spec.size.name
+            rec["spec"] = self._spec_dict(spec)
+            self._save(id, rec)
+            mem = self._memory(id)
+            recorded = criu.read_fingerprint(mem)
+            reason: str | None = None
+            error: str | None = None
+            if cold or resized:
+                reason = "resized" if resized else "cold"
+            elif recorded is None:
+                reason = "no_checkpoint"
+            else:
+                current = criu.host_fingerprint(str(self.runtime.criu))
+                diff = criu.fingerprint_mismatch(recorded, current)
+                if diff and require_memory:
+                    raise NodeError(
+                        "cpu_mismatch",
+                        "the memory image was made on a host with a different "
+                        f"{', '.join(diff)}; no matching host is available",
+                    )
+                if diff:
+                    reason = "cpu_mismatch"
+                else:
+                    try:
+                        self._restore(id, spec.size)
+                        return ResumeResult(memory_restored=True)
+                    except NodeError as e:
+                        if require_memory:
+                            raise
+                        reason, error = "restore_failed", e.message
+                        log.warning("restore of %s failed, cold booting: %s", id, e.message)
+            if require_memory and reason != "no_checkpoint":
+                raise NodeError("invalid_require_memory", f"memory can't be restored ({reason})")
+            if resized or cold:
+                try:
+                    disks.grow(self._disk(id), spec.size.disk_mib)
+                except StorageError as e:
+                    raise NodeError(e.code, str(e)) from e
+            self._boot(id, spec.size, fresh_identity=False)
+            if error:
+                self._set_phase(id, "running", lastError=error)
+            return ResumeResult(memory_restored=False, reason=reason, error=error)
+
+    def _restore(self, sid: str, size: Size) -> None:
+        rec = self._record(sid)
+        self._cleanup_container(sid)
+        self._mount(sid)
+        bundle = self._write_bundle(sid, rec, size)
+        self._set_phase(sid, "restoring")
+        try:
+            self.runtime.restore(sid, bundle, self._memory(sid), self._dir(sid) / "criu-work")
+        except RuntimeError_ as e:
+            self._cleanup_container(sid)
+            self._set_phase(sid, "checkpointed")
+            raise NodeError("restore_failed", e.detail) from e
+        self._discard_memory(sid)
+        self._set_phase(sid, "running", size=size.name)
+
+    # ----------------------------------------------------------------- fork and snapshots
+
+    def fork(self, source_id: str, spec: SandboxSpec) -> None:
+        src_rec = self._record(source_id)
+        with self._lock(spec.id):
+            self._dir(spec.id).mkdir(parents=True, exist_ok=True)
+            self._save(
+                spec.id,
+                {
+                    "spec": self._spec_dict(spec),
+                    "lease": self._new_lease(spec.id),
+                    "phase": "creating",
+                    "size": spec.size.name,
+                    "oomKills": 0,
+                    "forkedFrom": source_id,
+                },
+            )
+            with self._lock(source_id):
+                mp = disks.mounted_at(self._disk(source_id))
+                try:
+                    disks.clone_disk(self._disk(source_id), self._disk(spec.id), mountpoint=mp)
+                except StorageError as e:
+                    raise NodeError("fork_failed", str(e)) from e
+            if spec.size.disk_mib > self._disk_mib(spec.id):
+                disks.grow(self._disk(spec.id), spec.size.disk_mib)
+            del src_rec
+            self._set_phase(spec.id, "stopped")
+            self._boot(spec.id, spec.size, fresh_identity=True)
+
+    def _disk_mib(self, sid: str) -> int:
+        return self._disk(sid).stat().st_size // (1024 * 1024)
+
+    def _snapshot_path(self, name: str) -> Path:
+        if not _SNAPSHOT_RE.match(name):
+            raise NodeError("invalid_snapshot_name", f"bad snapshot name {name!r}")
+        return self.snapshots_dir / f"{name}.ext4"
+
+    def snapshot(self, id: str, name: str) -> SnapshotInfo:
+        path = self._snapshot_path(name)
+        if path.exists():
+            raise NodeError("snapshot_exists", f"snapshot {name!r} already exists")
+        with self._lock(id):
+            self._record(id)
+            mp = disks.mounted_at(self._disk(id))
+            tmp = path.with_suffix(".tmp")
+            try:
+                disks.clone_disk(self._disk(id), tmp, mountpoint=mp)
+            except StorageError as e:
+                raise NodeError("snapshot_failed", str(e)) from e
+            os.chmod(tmp, 0o444)
+            meta = {"name": name, "sourceId": id, "createdAt": _now()}
+            path.with_suffix(".json").write_text(json.dumps(meta))
+            os.replace(tmp, path)
+        return self._snapshot_info(name)
+
+    def _snapshot_info(self, name: str) -> SnapshotInfo:
+        path = self.snapshots_dir / f"{name}.ext4"
+        meta = json.loads(path.with_suffix(".json").read_text())
+        return SnapshotInfo(
+            name=name,
+            source_id=meta["sourceId"],
+            size_mib=path.stat().st_size >> 20,
+            allocated_bytes=space.allocated_bytes(path),
+            unique_bytes=space.unique_bytes(path, self._all_images(exclude=path)),
+        )
+
+    def _all_images(self, exclude: Path) -> list[Path]:
+        paths = list(self.sandboxes_dir.glob("*/disk.ext4")) + list(self.snapshots_dir.glob("*.ext4"))
+        paths += list(self.sandboxes_dir.glob("*/seals/*.ext4"))
+        return [p for p in paths if p != exclude]
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        return [self._snapshot_info(p.stem) for p in sorted(self.snapshots_dir.glob("*.ext4"))]
+
+    def delete_snapshot(self, name: str) -> None:
+        path = self._snapshot_path(name)
+        if not path.exists():
+            raise NodeError("not_found", f"snapshot {name!r} does not exist")
+        path.unlink()
+        path.with_suffix(".json").unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- delete, stats, status, reconcile
+
+    def delete(self, id: str) -> None:
+        with self._lock(id):
+            if not self._dir(id).exists():
+                return
+            if self.runtime.state(id) is not None:
+                self.runtime.kill(id, signal.SIGKILL)
+            self._cleanup_container(id)
+            self._umount(id)
+            shutil.rmtree(self._bundle(id), ignore_errors=True)
+            shutil.rmtree(self._dir(id), ignore_errors=True)
+
+    def stats(self, id: str) -> Stats:
+        rec = self._record(id)
+        disk = self._disk(id)
+        alloc = space.allocated_bytes(disk) if disk.exists() else 0
+        if self.runtime.state(id) != "running":
+            return Stats(0, 0, 0.0, 0, rec.get("oomKills", 0), alloc, 0)
+        s = cgroup.sample(self._cgroup_path(id))
+        st = os.statvfs(self._rootfs(id))
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        return Stats(
+            memory_total_mb=s.memory_limit >> 20,
+            memory_used_mb=s.memory_used >> 20,
+            cpu_percent=s.cpu_percent,
+            disk_used_mb=used >> 20,
+            oom_kills=rec.get("oomKills", 0) + s.oom_kills,
+            disk_allocated_bytes=alloc,
+        )
+
+    def status(self, id: str) -> NodeStatus:
+        if not (self._dir(id) / "node.json").is_file():
+            return "absent"
+        if self.runtime.state(id) == "running":
+            return "running"
+        return "checkpointed" if criu.read_fingerprint(self._memory(id)) else "stopped"
+
+    def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
+        """Bring every sandbox on this node to a consistent state after a (possibly crashed) start:
+
+        - containers, mounts, veths and sandbox folders of ids the control plane doesn't know are removed;
+        - a known sandbox whose container still runs stays running (it survived the server restart);
+        - otherwise any half-made container is removed, the disk unmounted, and the sandbox is ``checkpointed``
+          when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
+        """
+        result: dict[str, NodeStatus] = {}
+        for cid in self.runtime.list():
+            if cid not in known:
+                self.runtime.delete(cid)
+        if self.sandboxes_dir.is_dir():
+            for d in self.sandboxes_dir.iterdir():
+                if d.name not in known:
+                    self.delete(d.name)
+        for veth in network.host_veths("v"):
+            sid = "sb_" + veth[1:]
+            if sid not in known and self._owns_veth(veth):
+                network.unwire_sandbox(network.Lease("", "", veth))
+        for sid in known:
+            with self._lock(sid):
+                if not (self._dir(sid) / "node.json").is_file():
+                    result[sid] = "absent"
+                    continue
+                if self.runtime.state(sid) == "running":
+                    self._set_phase(sid, "running")
+                    result[sid] = "running"
+                    continue
+                self._cleanup_container(sid)
+                self._umount(sid)
+                mem_ok = criu.read_fingerprint(self._memory(sid)) is not None
+                if not mem_ok:
+                    self._discard_memory(sid)
+                self._set_phase(sid, "checkpointed" if mem_ok else "stopped")
+                result[sid] = "checkpointed" if mem_ok else "stopped"
+        return result
+
+    def _owns_veth(self, veth: str) -> bool:
+        """True if ``veth`` is a port of this node's bridge (so another node's sandboxes are left alone)."""
+        p = Path(f"/sys/class/net/{veth}/master")
+        try:
+            return p.resolve().name == self.settings.bridge
+        except OSError:
+            return False
+
+    # ----------------------------------------------------------------- helpers for tests and tools
+
+    @contextmanager
+    def mounted_root(self, sid: str) -> Iterator[Path]:
+        """The host path of a running sandbox's root filesystem (read with :mod:`sbx.node.guestfs` only)."""
+        self._require_running(sid)
+        yield self._rootfs(sid)
+
+
+def _resolv_conf() -> str:
+    """Nameservers for sandboxes: the host's, minus loopback ones (a sandbox can't reach the host's own
+    services)."""
+    servers = []
+    try:
+        for line in Path("/etc/resolv.conf").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver" and not parts[1].startswith(("127.", "::1")):
+                servers.append(parts[1])
+    except OSError:
+        pass
+    return "".join(f"nameserver {s}\n" for s in servers) or "# no nameserver reachable from sandboxes\n"

@@ -1,0 +1,26 @@
+"""OCI ``prestart`` hook that wires a sandbox's network: ``python -m sbx.node.nethook LEASE_FILE BRIDGE``.
+
+runc runs it with the container state JSON on stdin (OCI runtime spec, "hooks": the state includes ``pid``, the
+container init's host PID), after it made the namespaces and before systemd starts; on CRIU restore runc runs it
+again for the fresh network namespace. ``LEASE_FILE`` holds the sandbox's :class:`sbx.node.network.Lease` as JSON.
+Exits non-zero (failing the start) if wiring fails.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from sbx.node.network import lease_from_json, wire_sandbox
+
+
+def main(argv: list[str]) -> int:
+    lease_file, bridge = argv[1], argv[2]
+    state = json.load(sys.stdin)
+    wire_sandbox(int(state["pid"]), lease_from_json(Path(lease_file).read_text()), bridge)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,131 @@
+"""The OCI runtime spec (``config.json``) of a machine-like sandbox.
+
+A sandbox is a runc container that behaves like a small machine: systemd 252 as PID 1, its own user, pid, mount,
+uts, ipc, cgroup and network namespaces, tmpfs ``/run``, ``/run/lock`` and ``/tmp``. The choices below come from
+what was measured to let CRIU checkpoint such a container on this kernel (``shared/notes/runtime-facts.md``):
+
+- a user namespace with an identity uid/gid map, because the host lacks ``CAP_SYS_RESOURCE`` (without it CRIU
+  fails with "Can't get rlimit" for services running as non-root);
+- runc creates the network namespace itself and a ``prestart`` hook wires the veth, because runc runs the
+  hook again on restore (a netns made with ``ip netns add`` does not mix with a user namespace);
+- ``container=oci`` in the environment and SIGRTMIN+3 (37) to ask systemd to halt.
+
+The layout follows the OCI runtime spec, config.json section (opencontainers/runtime-spec ``config.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Capabilities granted to PID 1. The host's bounding set lacks CAP_SYS_RESOURCE (runtime-facts), so it is left
+# out: asking runc for a capability outside the bounding set fails the start.
+CAPABILITIES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD",
+    "CAP_LEASE", "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_SYSLOG", "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_CHECKPOINT_RESTORE",
+]
+
+# systemd's halt request (man systemd, "Signals": SIGRTMIN+3).
+STOP_SIGNAL = 37
+
+# uid/gid map: identity for 0..65535. A shifted map is future work (runtime-facts: "not tried yet").
+ID_MAP_SIZE = 65536
+
+CFS_PERIOD_US = 100_000
+
+
+@dataclass
+class ContainerSpec:
+    """Inputs for :func:`build_config`.
+
+    - ``hostname``: the UTS hostname.
+    - ``memory_bytes``: memory-cgroup limit (swap limited to the same figure, so no swap).
+    - ``vcpus``: CFS quota in whole CPUs (``nproc`` inside still shows the host's cores; see ``cpuset_cpus``).
+    - ``cpuset_cpus``: host CPUs the sandbox may run on (``"0-1"``), so ``nproc`` shows min(vCPUs, host cores).
+    - ``cgroup_path``: path of the container's cgroup under each controller, e.g. ``/sbx/node0/sb_x``.
+    - ``hook_argv``: the command runc runs as a ``prestart`` hook (network wiring) on create and restore.
+    - ``pids_limit``: max tasks.
+    """
+
+    hostname: str
+    memory_bytes: int
+    vcpus: int
+    cpuset_cpus: str
+    cgroup_path: str
+    hook_argv: list[str] = field(default_factory=list)
+    hook_env: list[str] = field(default_factory=list)
+    pids_limit: int = 8192
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
+    """Return the OCI ``config.json`` document (a dict) for ``spec``; ``rootfs`` is relative to the bundle."""
+    caps = list(CAPABILITIES)
+    idmap = [{"containerID": 0, "hostID": 0, "size": ID_MAP_SIZE}]
+    hooks: dict[str, Any] = {}
+    if spec.hook_argv:
+        hooks["prestart"] = [
+            {"path": spec.hook_argv[0], "args": spec.hook_argv, "env": spec.hook_env, "timeout": 30}
+        ]
+    tmp_opts = ["nosuid", "nodev", "mode=1777"]
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": ["/sbin/init"],
+            "env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "container=oci",
+                "TERM=xterm",
+            ],
+            "cwd": "/",
+            "capabilities": {k: caps for k in ("bounding", "effective", "permitted", "inheritable")},
+            "noNewPrivileges": False,
+        },
+        "root": {"path": rootfs, "readonly": False},
+        "hostname": spec.hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "nodev", "mode=1777"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+             "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+             "options": ["nosuid", "noexec", "nodev", "relatime", "rw"]},
+            {"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", "mode=755"]},
+            {"destination": "/run/lock", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=5m"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": tmp_opts},
+        ],
+        "hooks": hooks,
+        "annotations": dict(spec.annotations),
+        "linux": {
+            "uidMappings": idmap,
+            "gidMappings": idmap,
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "user", "cgroup")],
+            "cgroupsPath": spec.cgroup_path,
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}],
+                "memory": {"limit": spec.memory_bytes, "swap": spec.memory_bytes},
+                "cpu": {"quota": spec.vcpus * CFS_PERIOD_US, "period": CFS_PERIOD_US, "cpus": spec.cpuset_cpus},
+                "pids": {"limit": spec.pids_limit},
+            },
+            "maskedPaths": [
+                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+            ],
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger"],
+        },
+    }
