@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, network
+from sbx.node import cgroup, guestfs, lxcfs, network
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -103,6 +103,7 @@ class LocalNode:
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
+        self._lxcfs: Path | None = None
 
     # ----------------------------------------------------------------- setup
 
@@ -119,6 +120,7 @@ class LocalNode:
         self._image = ensure_image(self.settings, progress)
         for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
             d.mkdir(parents=True, exist_ok=True)
+        self._lxcfs = lxcfs.ensure_lxcfs()
         say("network")
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name)
 
@@ -207,6 +209,7 @@ class LocalNode:
             vcpus=size.vcpus,
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
+            lxcfs_dir=str(self._lxcfs) if self._lxcfs and lxcfs.is_mounted(self._lxcfs) else None,
             hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

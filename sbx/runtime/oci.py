@@ -37,6 +37,9 @@ ID_MAP_SIZE = 65536
 
 CFS_PERIOD_US = 100_000
 
+# The /proc files LXCFS virtualizes per container.
+LXCFS_PROC_FILES = ["cpuinfo", "diskstats", "loadavg", "meminfo", "stat", "swaps", "uptime"]
+
 
 @dataclass
 class ContainerSpec:
@@ -49,6 +52,10 @@ class ContainerSpec:
     - ``cgroup_path``: path of the container's cgroup under each controller, e.g. ``/sbx/node0/sb_x``.
     - ``hook_argv``: the command runc runs as a ``prestart`` hook (network wiring) on create and restore.
     - ``pids_limit``: max tasks.
+    - ``lxcfs_dir``: where LXCFS is mounted on the host (``/var/lib/lxcfs``); when set, its per-container
+      ``/proc`` files are bind-mounted over the container's, so ``free`` shows the memory limit and ``uptime``
+      the sandbox's own boot (LXCFS docs: the ``proc/*`` files it serves). CRIU treats them as external bind
+      mounts and restores them (measured).
     """
 
     hostname: str
@@ -59,6 +66,7 @@ class ContainerSpec:
     hook_argv: list[str] = field(default_factory=list)
     hook_env: list[str] = field(default_factory=list)
     pids_limit: int = 8192
+    lxcfs_dir: str | None = None
     annotations: dict[str, str] = field(default_factory=dict)
 
 
@@ -72,6 +80,11 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
             {"path": spec.hook_argv[0], "args": spec.hook_argv, "env": spec.hook_env, "timeout": 30}
         ]
     tmp_opts = ["nosuid", "nodev", "mode=1777"]
+    lxcfs_mounts = [
+        {"destination": f"/proc/{name}", "type": "bind", "source": f"{spec.lxcfs_dir}/proc/{name}",
+         "options": ["rbind", "rw"]}
+        for name in LXCFS_PROC_FILES
+    ] if spec.lxcfs_dir else []
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -108,6 +121,7 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
             {"destination": "/run/lock", "type": "tmpfs", "source": "tmpfs",
              "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=5m"]},
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": tmp_opts},
+            *lxcfs_mounts,
         ],
         "hooks": hooks,
         "annotations": dict(spec.annotations),

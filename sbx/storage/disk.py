@@ -1,0 +1,446 @@
+"""Sandbox disks: sparse ext4 image files on the reflink volume, copied copy-on-write.
+
+A disk is a regular file holding an ext4 filesystem, with holes where nothing was written. It is made by
+reflinking a base image and growing it (:func:`create_disk`), loop-mounted on the host for the sandbox
+(:func:`mount`), forked by reflink under ``fsfreeze`` (:func:`clone_disk`), and checkpointed as a read-only
+reflink copy in a numbered chain (:func:`seal`). Every copy here is a reflink, so its time does not depend on
+the disk's size. Filesystem work uses e2fsprogs (``e2fsck``, ``resize2fs``, ``tune2fs``, ``dumpe2fs``).
+
+Units: sizes given as ``*_mib`` are MiB (1 MiB = 1048576 bytes); ``*_bytes`` are bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sbx.storage import mounts
+from sbx.storage._proc import run
+from sbx.storage.errors import StorageError
+from sbx.storage.reflink import clone
+
+MiB = 1024 * 1024
+
+PathLike = str | os.PathLike[str]
+
+
+# -------------------------------------------------------------------------------- filesystem
+
+
+def fs_info(path: PathLike) -> dict[str, Any]:
+    """The ext4 superblock facts of an image (``dumpe2fs -h``).
+
+    Shape: ``{"uuid": str, "block_count": int, "block_size": int, "size_bytes": int (block_count*block_size),
+    "features": list[str], "state": str ("clean", "not clean", ...)}``.
+    Raises ``StorageError("not_found")`` or ``StorageError("bad_image")`` when there is no ext filesystem.
+    """
+    if not Path(path).exists():
+        raise StorageError("not_found", f"{path} does not exist")
+    out = run(["dumpe2fs", "-h", str(path)], code="bad_image").stdout
+    fields: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    try:
+        block_count = int(fields["Block count"])
+        block_size = int(fields["Block size"])
+        return {
+            "uuid": fields["Filesystem UUID"],
+            "block_count": block_count,
+            "block_size": block_size,
+            "size_bytes": block_count * block_size,
+            "features": fields.get("Filesystem features", "").split(),
+            "state": fields.get("Filesystem state", ""),
+        }
+    except (KeyError, ValueError) as e:
+        raise StorageError("bad_image", f"{path}: unexpected dumpe2fs output ({e})") from e
+
+
+def fsck(path: PathLike) -> int:
+    """``e2fsck -f -y`` the unmounted image at ``path`` (replays the journal, fixes what it can) and return
+    its exit status (0 clean, 1 or 2 fixed). Raises ``StorageError("bad_image")`` for 4 and above (errors
+    left), ``StorageError("busy")`` when the image is mounted."""
+    _refuse_mounted(path)
+    return run(["e2fsck", "-f", "-y", str(path)], code="bad_image", ok_codes=(0, 1, 2)).returncode
+
+
+def new_uuid(path: PathLike) -> str:
+    """Give the unmounted ext4 image at ``path`` a new random filesystem UUID and return it.
+
+    Uses ``tune2fs -U random``. With ``metadata_csum`` every checksum is seeded from the UUID, so changing it
+    would rewrite (and un-share) every metadata block; turning on ``metadata_csum_seed`` first keeps the old
+    seed in the superblock, so only the superblocks change (milliseconds; Linux >= 4.4 mounts such
+    filesystems). If tune2fs refuses (journal needs recovery, not freshly checked) the image is fsck'd first.
+    Raises ``StorageError("busy")`` when mounted, ``bad_image``.
+    """
+    _refuse_mounted(path)
+    features = fs_info(path)["features"]
+    argv = ["tune2fs"]
+    if "metadata_csum" in features and "metadata_csum_seed" not in features:
+        argv += ["-O", "metadata_csum_seed"]
+    argv += ["-U", "random", str(path)]
+    try:
+        run(argv, code="bad_image")
+    except StorageError:
+        fsck(path)
+        run(argv, code="bad_image")
+    return str(fs_info(path)["uuid"])
+
+
+def _refuse_mounted(path: PathLike) -> None:
+    mp = mounted_at(path)
+    if mp is not None:
+        raise StorageError("busy", f"{path} is mounted at {mp}")
+
+
+def _check_mib(size_mib: object) -> int:
+    if isinstance(size_mib, bool) or not isinstance(size_mib, int) or size_mib <= 0:
+        raise StorageError("invalid_resize", f"disk size must be a positive whole number of MiB, got {size_mib!r}")
+    return size_mib
+
+
+# -------------------------------------------------------------------------------- disks
+
+
+def create_disk(base_image: PathLike, dst: PathLike, size_mib: int) -> Path:
+    """Make a new sandbox disk at ``dst``: a reflink copy of the ext4 ``base_image``, grown (sparse) to
+    ``size_mib`` MiB with its filesystem resized to fill it, and a fresh random filesystem UUID.
+
+    Time does not depend on the base image's data size (reflink); e2fsck and resize2fs read metadata only.
+    ``dst`` is removed again if any step fails. Returns ``dst`` as a Path.
+
+    Raises ``StorageError``: ``invalid_resize`` (``size_mib`` not a positive int, or smaller than the base
+    image), ``not_found`` (no base image), ``exists`` (``dst`` exists), ``no_reflink``, ``bad_image``.
+    """
+    size_mib = _check_mib(size_mib)
+    base = Path(base_image)
+    if not base.exists():
+        raise StorageError("not_found", f"base image {base} does not exist")
+    if base.stat().st_size > size_mib * MiB:
+        raise StorageError(
+            "invalid_resize",
+            f"base image {base} is {base.stat().st_size // MiB} MiB, more than the {size_mib} MiB asked for",
+        )
+    out = clone(base, dst)
+    try:
+        _grow_file_and_fs(out, size_mib)
+        new_uuid(out)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _grow_file_and_fs(path: Path, size_mib: int) -> None:
+    want = size_mib * MiB
+    if path.stat().st_size < want:
+        os.truncate(path, want)
+    if fs_info(path)["size_bytes"] < want:
+        fsck(path)
+        run(["resize2fs", str(path), f"{size_mib}M"], code="bad_image")
+
+
+def grow(path: PathLike, size_mib: int) -> None:
+    """Grow the unmounted disk at ``path`` to ``size_mib`` MiB: extend the file (sparse), ``e2fsck -f -y``, then
+    ``resize2fs`` so the ext4 fills it. The same size again is a no-op that also finishes a grow interrupted
+    after the file was extended.
+
+    Growing a mounted disk is refused: online ext4 resize needs ``CAP_SYS_RESOURCE``, which hosts running sbx
+    may lack (resize2fs fails with "Permission denied"), so a resize stops the sandbox first.
+
+    Raises ``StorageError``: ``invalid_resize`` (smaller than now: disks never shrink; or not a positive int),
+    ``busy`` (mounted), ``not_found``, ``bad_image``.
+    """
+    size_mib = _check_mib(size_mib)
+    p = Path(path)
+    if not p.exists():
+        raise StorageError("not_found", f"{p} does not exist")
+    cur = p.stat().st_size
+    if size_mib * MiB < cur:
+        raise StorageError(
+            "invalid_resize",
+            f"{p} is {cur / MiB:g} MiB; refusing to shrink it to {size_mib} MiB (disks only grow)",
+        )
+    mp = mounted_at(p)
+    if mp is not None:
+        raise StorageError("busy", f"{p} is mounted at {mp}; unmount it (stop the sandbox) to grow it")
+    _grow_file_and_fs(p, size_mib)
+
+
+def remove_disk(path: PathLike) -> None:
+    """Delete the disk (or seal) image at ``path``; blocks shared with other files stay. Missing is fine.
+    Raises ``StorageError("busy")`` when it is mounted."""
+    _refuse_mounted(path)
+    Path(path).unlink(missing_ok=True)
+
+
+# -------------------------------------------------------------------------------- mounts
+
+
+def mounted_at(path: PathLike) -> Path | None:
+    """Where the image file at ``path`` is loop-mounted in this mount namespace, or None."""
+    for dev in mounts.loop_devices_for(path):
+        mps = mounts.mountpoints_of(dev)
+        if mps:
+            return mps[0]
+    return None
+
+
+def mount(path: PathLike, mountpoint: PathLike, *, readonly: bool = False) -> str:
+    """Loop-mount the ext4 image ``path`` at ``mountpoint`` (created if missing) and return the loop device.
+
+    Binds a free loop device (``losetup --find --show``), then mounts it; the device is detached again if the
+    mount fails. Mounting an image again at the same place is a no-op.
+
+    Raises ``StorageError``: ``not_found``, ``busy`` (the image is mounted elsewhere — two mounts of one ext4
+    would corrupt it — or something else is mounted at ``mountpoint``), ``command_failed``.
+    """
+    p, mp = Path(path), Path(mountpoint)
+    if not p.exists():
+        raise StorageError("not_found", f"{p} does not exist")
+    mp.mkdir(parents=True, exist_ok=True)
+    here = Path(os.path.realpath(mp))
+    cur = mounted_at(p)
+    if cur is not None:
+        if cur == here:
+            m = mounts.mount_at(here)
+            assert m is not None
+            return m.source
+        raise StorageError("busy", f"{p} is already mounted at {cur}")
+    if mounts.mount_at(here) is not None:
+        raise StorageError("busy", f"something else is mounted at {here}")
+    existing = mounts.loop_devices_for(p)
+    if existing:
+        # Bound already (a crash between losetup and mount, or mounted only in another mount namespace): reuse
+        # that device; a second loop device would give the kernel two ext4 superblocks for one file.
+        dev, made = existing[0], False
+    else:
+        ro = ["--read-only"] if readonly else []
+        dev, made = run(["losetup", "--find", "--show", *ro, str(p)]).stdout.strip(), True
+    try:
+        run(["mount", "-t", "ext4", "-o", "ro" if readonly else "rw", dev, str(here)])
+    except BaseException:
+        if made:
+            run(["losetup", "-d", dev], ok_codes=(0, 1))
+        raise
+    return dev
+
+
+def umount(mountpoint: PathLike) -> None:
+    """Unmount ``mountpoint`` and detach its loop device when nothing else mounts it. Nothing mounted there
+    is fine (no-op). Raises ``StorageError("busy")`` when the filesystem is in use."""
+    m = mounts.mount_at(mountpoint)
+    if m is None:
+        return
+    run(["umount", str(m.mountpoint)], code="busy")
+    if m.source.startswith("/dev/loop") and not mounts.mountpoints_of(m.source):
+        run(["losetup", "-d", m.source], ok_codes=(0, 1))
+
+
+def detach(path: PathLike) -> None:
+    """Unmount the image at ``path`` wherever it is mounted in this mount namespace and detach every loop device
+    bound to it (for deleting a disk, or cleaning up orphans after a crash). A device still in use in another
+    mount namespace is detached by the kernel when its last user goes. Raises ``StorageError("busy")``."""
+    for dev in mounts.loop_devices_for(path):
+        for mp in sorted(mounts.mountpoints_of(dev), key=lambda m: len(str(m)), reverse=True):
+            run(["umount", str(mp)], code="busy")
+        run(["losetup", "-d", dev], ok_codes=(0, 1))
+
+
+def freeze(mountpoint: PathLike) -> None:
+    """``fsfreeze -f``: flush the filesystem mounted at ``mountpoint`` and block new writes until
+    :func:`thaw`.
+    Raises ``StorageError("not_mounted")`` or ``command_failed`` (for example, already frozen)."""
+    if mounts.mount_at(mountpoint) is None:
+        raise StorageError("not_mounted", f"nothing is mounted at {mountpoint}")
+    run(["fsfreeze", "-f", str(mountpoint)])
+
+
+def thaw(mountpoint: PathLike) -> None:
+    """``fsfreeze -u``: let writes to ``mountpoint`` go on. Raises ``StorageError("command_failed")`` when it
+    is not frozen."""
+    run(["fsfreeze", "-u", str(mountpoint)])
+
+
+@contextmanager
+def frozen(mountpoint: PathLike) -> Iterator[None]:
+    """Freeze ``mountpoint`` for the ``with`` block and always thaw it afterwards, even on error."""
+    freeze(mountpoint)
+    try:
+        yield
+    finally:
+        thaw(mountpoint)
+
+
+def _consistent_clone(src: Path, dst: PathLike, mountpoint: PathLike | None, mode: int) -> Path:
+    if mountpoint is not None and mounts.mount_at(mountpoint) is None:
+        raise StorageError("not_mounted", f"nothing is mounted at {mountpoint}")
+    mp = mountpoint if mountpoint is not None else mounted_at(src)
+    with frozen(mp) if mp is not None else nullcontext():
+        return clone(src, dst, mode=mode)
+
+
+def clone_disk(src: PathLike, dst: PathLike, mountpoint: PathLike | None = None) -> Path:
+    """Fork the disk ``src`` to ``dst`` (reflink; constant time) and give the copy a new filesystem UUID.
+
+    When ``src`` is mounted (a running sandbox) — at ``mountpoint``, or wherever :func:`mounted_at` finds it —
+    its filesystem is frozen for the copy, so every write acknowledged before the call is in ``dst`` and the
+    copy's filesystem is clean. Only ``dst`` gets the new UUID. ``dst`` is removed again on failure.
+
+    Raises ``StorageError``: ``not_found``, ``exists``, ``no_reflink``, ``not_mounted`` (``mountpoint`` given
+    but nothing mounted there), ``bad_image``.
+    """
+    s = Path(src)
+    if not s.exists():
+        raise StorageError("not_found", f"{s} does not exist")
+    out = _consistent_clone(s, dst, mountpoint, 0o644)
+    try:
+        new_uuid(out)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
+# -------------------------------------------------------------------------------- seals
+
+
+@dataclass(frozen=True)
+class Seal:
+    """A sealed checkpoint of a disk: a read-only (0444) reflink copy at ``path`` = ``<seal_dir>/<seq>.ext4``
+    with its manifest ``<seal_dir>/<seq>.json``. ``seq`` counts up from 1 per seal folder; ``parent`` is the
+    seq of the seal before it in the chain (None for the first); ``created_at`` is ISO 8601 UTC;
+    ``size_bytes`` is the image's length; ``source`` is the disk path it was sealed from. The filesystem UUID
+    is the source's."""
+
+    seq: int
+    parent: int | None
+    path: Path
+    created_at: str
+    size_bytes: int
+    source: str
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path.with_suffix(".json")
+
+    def manifest(self) -> dict[str, Any]:
+        """The JSON manifest's content: ``{"seq", "parent", "created_at", "size_bytes", "source",
+        "image"}``."""
+        d = asdict(self)
+        d.pop("path")
+        d["image"] = self.path.name
+        return d
+
+
+_SEQ_FILE = re.compile(r"^(\d+)\.(ext4|json)$")
+
+
+@contextmanager
+def _dir_lock(d: Path) -> Iterator[None]:
+    fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_manifest(s: Seal) -> None:
+    tmp = s.manifest_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(s.manifest(), indent=1) + "\n")
+    os.replace(tmp, s.manifest_path)
+
+
+def _load(manifest: Path) -> Seal:
+    d = json.loads(manifest.read_text())
+    return Seal(
+        seq=int(d["seq"]),
+        parent=None if d.get("parent") is None else int(d["parent"]),
+        path=manifest.parent / d.get("image", f"{d['seq']}.ext4"),
+        created_at=str(d["created_at"]),
+        size_bytes=int(d["size_bytes"]),
+        source=str(d.get("source", "")),
+    )
+
+
+def seal(path: PathLike, seal_dir: PathLike, *, mountpoint: PathLike | None = None) -> Seal:
+    """Seal the disk at ``path`` as the next checkpoint in ``seal_dir`` (created if missing) and return it.
+
+    The seal is a reflink copy made read-only (chmod 0444): constant time whatever the disk's size, and no
+    space until the disk is written again. A mounted disk (at ``mountpoint`` or found by :func:`mounted_at`)
+    is frozen for the copy. Its parent is the newest seal already in ``seal_dir``. The image is written
+    before the manifest, so a crash leaves at most an image without manifest, which :func:`list_seals`
+    ignores.
+
+    Raises ``StorageError``: ``not_found``, ``no_reflink``, ``not_mounted``.
+    """
+    src = Path(path)
+    if not src.exists():
+        raise StorageError("not_found", f"{src} does not exist")
+    d = Path(seal_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    with _dir_lock(d):
+        existing = list_seals(d)
+        used = [int(m.group(1)) for f in d.iterdir() if (m := _SEQ_FILE.match(f.name))]
+        seq = max(used, default=0) + 1
+        img = d / f"{seq}.ext4"
+        _consistent_clone(src, img, mountpoint, 0o444)
+        s = Seal(
+            seq=seq,
+            parent=existing[-1].seq if existing else None,
+            path=img,
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            size_bytes=img.stat().st_size,
+            source=str(src),
+        )
+        _write_manifest(s)
+    return s
+
+
+def list_seals(seal_dir: PathLike) -> list[Seal]:
+    """The seals in ``seal_dir`` (those with both image and manifest), oldest (lowest seq) first; empty when
+    the folder does not exist."""
+    d = Path(seal_dir)
+    if not d.is_dir():
+        return []
+    out = []
+    for f in d.glob("*.json"):
+        if _SEQ_FILE.match(f.name):
+            try:
+                s = _load(f)
+            except (OSError, ValueError, KeyError):
+                continue
+            if s.path.exists():
+                out.append(s)
+    return sorted(out, key=lambda s: s.seq)
+
+
+def get_seal(seal_dir: PathLike, seq: int) -> Seal:
+    """Seal number ``seq`` in ``seal_dir``. Raises ``StorageError("not_found")``."""
+    for s in list_seals(seal_dir):
+        if s.seq == seq:
+            return s
+    raise StorageError("not_found", f"no seal {seq} in {seal_dir}")
+
+
+def delete_seal(seal_dir: PathLike, seq: int) -> None:
+    """Delete seal ``seq`` (image and manifest); its children's ``parent`` becomes its own parent so the chain
+    stays whole. Only blocks no other file shares are freed. Raises ``StorageError("not_found")``."""
+    d = Path(seal_dir)
+    with _dir_lock(d):
+        gone = get_seal(d, seq)
+        for s in list_seals(d):
+            if s.parent == seq:
+                _write_manifest(Seal(s.seq, gone.parent, s.path, s.created_at, s.size_bytes, s.source))
+        remove_disk(gone.path)
+        gone.manifest_path.unlink(missing_ok=True)

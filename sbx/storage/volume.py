@@ -1,0 +1,179 @@
+"""The node's data volume: an XFS filesystem with reflink, where every disk image, seal and base image lives.
+
+The host's own ext4 has no reflink, so by default the volume is a sparse file on it
+(``settings.volume_backing``, ``settings.volume_size_gib`` GiB apparent size, using only what is written)
+formatted ``mkfs.xfs -m reflink=1`` and loop-mounted at ``settings.volume``. A host that already mounts a
+reflink filesystem (XFS or btrfs) at ``settings.volume`` uses that as is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sbx.config import Settings
+from sbx.storage import mounts
+from sbx.storage._proc import run
+from sbx.storage.errors import StorageError
+from sbx.storage.reflink import supports_reflink
+
+GiB = 1024**3
+
+
+@contextmanager
+def _locked(home: Path) -> Iterator[None]:
+    """Serialise volume set-up between processes on this host (flock on ``home/.volume.lock``)."""
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / ".volume.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def fs_type(path: Path) -> str | None:
+    """The filesystem type ``blkid`` finds in the file or device ``path`` (``"xfs"``, ``"ext4"``, ...), or
+    None when it finds none."""
+    proc = run(["blkid", "-p", "-o", "value", "-s", "TYPE", str(path)], ok_codes=(0, 2))
+    value = proc.stdout.strip()
+    return value or None
+
+
+def _is_ours(settings: Settings) -> bool:
+    m = mounts.mount_at(settings.volume)
+    if m is None or not m.source.startswith("/dev/loop"):
+        return False
+    return m.source in mounts.loop_devices_for(settings.volume_backing)
+
+
+def _make_dirs(settings: Settings) -> None:
+    for d in (settings.images_dir, settings.volume / "nodes", settings.node_dir):
+        d.mkdir(parents=True, exist_ok=True)
+
+
+def _grow_backing(settings: Settings) -> bool:
+    """Make the backing file at least ``volume_size_gib`` GiB (sparse); True when it grew. Never shrinks."""
+    want = settings.volume_size_gib * GiB
+    if settings.volume_backing.stat().st_size < want:
+        os.truncate(settings.volume_backing, want)
+        return True
+    return False
+
+
+def ensure_volume(settings: Settings) -> Path:
+    """Make sure the reflink volume is mounted at ``settings.volume`` and return that path.
+
+    Idempotent and safe to run from several processes at once (a file lock serialises them):
+
+    - a filesystem already mounted there is used if it supports reflink (else ``StorageError("no_reflink")``);
+    - otherwise ``settings.volume_backing`` is created as a sparse file of ``settings.volume_size_gib`` GiB if
+      missing, formatted with ``mkfs.xfs -m reflink=1`` only if it holds no filesystem yet (an existing XFS is
+      mounted again, never re-made: that is the path after a reboot), and loop-mounted (``mount -o loop``,
+      which frees the loop device on unmount). A backing file smaller than the configured size is grown
+      (sparse ``truncate`` then ``xfs_growfs``); it never shrinks.
+    - the folders ``images/``, ``nodes/`` and ``nodes/<node_name>/`` are created.
+
+    Raises ``StorageError``: ``volume_failed`` (the backing file holds another filesystem, the mount point is
+    a non-empty folder, or mkfs/mount failed), ``no_reflink``.
+    """
+    vol = settings.volume
+    with _locked(settings.home):
+        if mounts.mount_at(vol) is not None:
+            if _is_ours(settings) and _grow_backing(settings):
+                for dev in mounts.loop_devices_for(settings.volume_backing):
+                    run(["losetup", "-c", dev], code="volume_failed")
+                run(["xfs_growfs", str(vol)], code="volume_failed")
+        else:
+            backing = settings.volume_backing
+            backing.parent.mkdir(parents=True, exist_ok=True)
+            if not backing.exists():
+                fd = os.open(backing, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                os.close(fd)
+            grew = _grow_backing(settings)
+            kind = fs_type(backing)
+            if kind is None:
+                run(
+                    ["mkfs.xfs", "-q", "-m", "reflink=1", "-L", "sbx-volume", str(backing)],
+                    code="volume_failed",
+                )
+                grew = False
+            elif kind != "xfs":
+                raise StorageError(
+                    "volume_failed", f"{backing} holds a {kind} filesystem, not XFS; refusing to overwrite it"
+                )
+            vol.mkdir(parents=True, exist_ok=True)
+            if any(vol.iterdir()):
+                raise StorageError(
+                    "volume_failed",
+                    f"{vol} is not mounted but not empty; refusing to mount the volume over it",
+                )
+            stale = mounts.loop_devices_for(backing)
+            if stale:  # bound but not mounted here: reuse it (never two block devices for one XFS)
+                if grew:
+                    run(["losetup", "-c", stale[0]], code="volume_failed")
+                run(["mount", "-t", "xfs", stale[0], str(vol)], code="volume_failed")
+            else:
+                run(["mount", "-t", "xfs", "-o", "loop", str(backing), str(vol)], code="volume_failed")
+            if grew:
+                run(["xfs_growfs", str(vol)], code="volume_failed")
+        if not supports_reflink(vol):
+            raise StorageError("no_reflink", f"the filesystem mounted at {vol} does not support reflink")
+        _make_dirs(settings)
+    return vol
+
+
+def volume_status(settings: Settings) -> dict[str, Any]:
+    """What ``sbx doctor`` shows about the volume; never raises for a missing or unmounted volume.
+
+    Shape: ``{"path": str, "backing": str, "mounted": bool, "source": str|None, "fstype": str|None,
+    "reflink": bool, "size_bytes": int, "free_bytes": int, "used_bytes": int, "backing_allocated_bytes":
+    int}`` (sizes from ``statvfs`` of the mounted filesystem, 0 when not mounted; ``backing_allocated_bytes``
+    is what the backing file really takes on the host disk).
+    """
+    vol = settings.volume
+    m = mounts.mount_at(vol) if vol.exists() else None
+    status: dict[str, Any] = {
+        "path": str(vol),
+        "backing": str(settings.volume_backing),
+        "mounted": m is not None,
+        "source": m.source if m else None,
+        "fstype": m.fstype if m else None,
+        "reflink": False,
+        "size_bytes": 0,
+        "free_bytes": 0,
+        "used_bytes": 0,
+        "backing_allocated_bytes": 0,
+    }
+    try:
+        status["backing_allocated_bytes"] = settings.volume_backing.stat().st_blocks * 512
+    except OSError:
+        pass
+    if m is None:
+        return status
+    try:
+        st = os.statvfs(vol)
+        status["size_bytes"] = st.f_blocks * st.f_frsize
+        status["free_bytes"] = st.f_bavail * st.f_frsize
+        status["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+        status["reflink"] = supports_reflink(vol)
+    except OSError:
+        pass
+    return status
+
+
+def unmount_volume(settings: Settings, *, remove_backing: bool = False) -> None:
+    """Unmount the volume if it is mounted, detach any loop device still bound to the backing file, and with
+    ``remove_backing`` delete the backing file (every disk on it is lost). Disks on the volume must be
+    unmounted first, else ``StorageError("busy")``."""
+    with _locked(settings.home):
+        if mounts.mount_at(settings.volume) is not None:
+            run(["umount", str(settings.volume)], code="busy")
+        for dev in mounts.loop_devices_for(settings.volume_backing):
+            run(["losetup", "-d", dev], ok_codes=(0, 1))
+        if remove_backing:
+            settings.volume_backing.unlink(missing_ok=True)

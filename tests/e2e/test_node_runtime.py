@@ -1,0 +1,187 @@
+"""The node on real sandboxes (runc, CRIU, reflink disks), below the API: boot, exec, stop with memory, resume,
+resize, cpu_mismatch fallback, and a node killed with SIGKILL in the middle of a stop.
+
+Every test here boots real containers as root with the test sizes (small 256 MiB, default 512 MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from sbx.config import load_settings
+from sbx.node.agent import LocalNode
+from sbx.node.types import NodeError, SandboxSpec
+
+pytestmark = pytest.mark.e2e
+
+COUNTER = (
+    "python3 -u -c 'import os,time,hashlib;b=bytearray(os.urandom(1<<20))*128;"
+    "print(os.getpid(),hashlib.sha256(b).hexdigest(),flush=True);[time.sleep(1) for _ in iter(int,1)]'"
+)
+
+
+def _settings():
+    return load_settings(profile="test", node_name="e2enode", bridge="sbxn0", subnet="10.91.0.0/16")
+
+
+@pytest.fixture(scope="module")
+def node():
+    n = LocalNode(_settings())
+    n.prepare()
+    n.reconcile({})
+    yield n
+    n.reconcile({})
+
+
+_counter = iter(range(1, 10_000))
+
+
+@pytest.fixture
+def sandbox(node):
+    sid = f"sb_node{os.getpid() % 1000:03d}{next(_counter):03d}"
+    spec = SandboxSpec(id=sid, hostname=f"node-{sid[3:]}", size=node.settings.size("small"))
+    node.create(spec)
+    yield spec
+    node.delete(sid)
+
+
+def run(node, sid, cmd, **kw):
+    out = {"stdout": b"", "stderr": b""}
+    code = None
+    for ev in node.exec(sid, cmd, **kw):
+        if ev.kind == "exit":
+            code = ev.exit_code
+        else:
+            out[ev.kind] += ev.data
+    return out["stdout"].decode(), out["stderr"].decode(), code
+
+
+def test_boot_exec_identity_and_limits(node, sandbox):
+    out, err, code = run(node, sandbox.id, "id -un; pwd; hostname; nproc; free -m | awk '/Mem/{print $2}'; "
+                                           "systemctl is-system-running; sudo -n true && echo sudo-ok")
+    lines = out.split()
+    assert code == 0, err
+    assert lines[0] == "user" and lines[1] == "/home/user" and lines[2] == sandbox.hostname
+    assert int(lines[3]) == min(2, os.cpu_count() or 1)
+    assert int(lines[4]) == 256  # free shows the memory limit (LXCFS), not the host's memory
+    assert lines[5] in ("running", "degraded")
+    assert lines[6] == "sudo-ok"
+    out, _, code = run(node, sandbox.id, "id -u", user="root")
+    assert (out.strip(), code) == ("0", 0)
+
+
+def test_exit_codes_streams_and_oom(node, sandbox):
+    assert run(node, sandbox.id, "echo out; echo err >&2; exit 7") == ("out\n", "err\n", 7)
+    _, err, code = run(node, sandbox.id, "no-such-command")
+    assert code == 127 and "not found" in err
+    # The heavy allocation is OOM-killed by the memory cgroup; the shell that ran it lives on.
+    out, _, code = run(node, sandbox.id, "python3 -c 'b=bytearray(400<<20); b[::4096]=b\"x\"*(len(b)//4096)'; "
+                                         "echo rc=$?")
+    assert out.strip() == "rc=137" and code == 0
+    out, _, code = run(node, sandbox.id, "python3 -c 'b=bytearray(400<<20); b[::4096]=b\"x\"*(len(b)//4096)'")
+    assert code == 137
+    assert node.stats(sandbox.id).oom_kills >= 2
+    assert node.status(sandbox.id) == "running"
+
+
+def test_timeout_kills_the_process_group(node, sandbox):
+    out, _, code = run(node, sandbox.id, "sleep 300 & sleep 301; echo never", timeout=1.0)
+    assert code == 124 and "never" not in out
+    out, _, _ = run(node, sandbox.id, "pgrep -a sleep || echo no-sleep")
+    assert out.strip() == "no-sleep"
+
+
+def test_stop_resume_keeps_pid_and_memory(node, sandbox):
+    job = node.exec_detached(sandbox.id, COUNTER)
+    deadline = time.monotonic() + 20
+    while not node.job_output(sandbox.id, job.id, "stdout") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pid, digest = node.job_output(sandbox.id, job.id, "stdout").decode().split()
+    run(node, sandbox.id, "echo kept > ~/home-file; echo tmp > /tmp/tmp-file")
+    assert node.stop(sandbox.id) is True
+    assert node.status(sandbox.id) == "checkpointed"
+    result = node.resume(sandbox.id, sandbox)
+    assert result.memory_restored is True and result.reason is None
+    out, _, _ = run(node, sandbox.id, f"cat /proc/{pid}/cmdline | tr '\\0' ' '; echo; cat ~/home-file /tmp/tmp-file")
+    assert "python3" in out and out.split("\n")[1:3] == ["kept", "tmp"]
+    # The same process, with the same buffer: ask it nothing, just check its output and that it is the job.
+    jobs = node.jobs(sandbox.id)
+    assert [j.id for j in jobs] == [job.id] and jobs[0].running
+    assert node.job_output(sandbox.id, job.id, "stdout").decode().split() == [pid, digest]
+
+
+def test_resize_cold_boots_keeps_home_and_grows_disk(node, sandbox):
+    run(node, sandbox.id, "echo kept > ~/home-file; echo gone > /tmp/tmp-file; "
+                          "printf '[Service]\\nExecStart=/bin/sleep infinity\\n[Install]\\nWantedBy=multi-user.target\\n'"
+                          " | sudo tee /etc/systemd/system/napper.service >/dev/null; sudo systemctl enable --now napper")
+    before, _, _ = run(node, sandbox.id, "df -m --output=size / | tail -1")
+    node.exec_detached(sandbox.id, "sleep 1000")
+    node.stop(sandbox.id)
+    bigger = SandboxSpec(id=sandbox.id, hostname=sandbox.hostname, size=node.settings.size("default"))
+    result = node.resume(sandbox.id, bigger, cold=True)
+    assert (result.memory_restored, result.reason) == (False, "resized")
+    out, _, _ = run(node, sandbox.id, "cat ~/home-file; ls /tmp | grep -c tmp-file; pgrep -c -x sleep; "
+                                      "systemctl is-active napper; df -m --output=size / | tail -1; "
+                                      "free -m | awk '/Mem/{print $2}'")
+    lines = out.split()
+    assert lines[0] == "kept"
+    assert lines[1] == "0"  # /tmp is empty of our file
+    assert lines[2] == "1"  # only the enabled unit's sleep: the detached one is gone
+    assert lines[3] == "active"
+    assert int(lines[4]) > int(before.strip())
+    assert int(lines[5]) == 512
+    with pytest.raises(NodeError) as e:
+        node.stop(sandbox.id)
+        node.resume(sandbox.id, sandbox)  # back to small: the disk can't shrink
+    assert e.value.code == "invalid_resize"
+
+
+def test_cpu_mismatch_falls_back_to_cold_boot(node, sandbox):
+    run(node, sandbox.id, "echo kept > ~/home-file")
+    node.exec_detached(sandbox.id, "sleep 1000")
+    assert node.stop(sandbox.id) is True
+    host_json = node.settings.node_dir / "sandboxes" / sandbox.id / "memory" / "host.json"
+    recorded = json.loads(host_json.read_text())
+    recorded["cpuModel"] = "A CPU from another host"
+    host_json.write_text(json.dumps(recorded))
+    with pytest.raises(NodeError) as e:
+        node.resume(sandbox.id, sandbox, require_memory=True)
+    assert e.value.code == "cpu_mismatch"
+    result = node.resume(sandbox.id, sandbox)
+    assert (result.memory_restored, result.reason) == (False, "cpu_mismatch")
+    out, _, _ = run(node, sandbox.id, "cat ~/home-file; pgrep -c -x sleep || true")
+    assert out.split() == ["kept", "0"]
+
+
+def _stop_in_child(sid: str) -> None:
+    os.setsid()
+    LocalNode(_settings()).stop(sid)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.25, 0.6])
+def test_node_killed_mid_stop_restarts_consistent(node, sandbox, delay):
+    run(node, sandbox.id, "echo kept > ~/home-file")
+    node.exec_detached(sandbox.id, COUNTER)
+    time.sleep(1.0)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_stop_in_child, args=(sandbox.id,))
+    child.start()
+    time.sleep(delay)
+    os.killpg(child.pid, signal.SIGKILL)  # the node process and its runc/criu children die at once
+    child.join()
+    fresh = LocalNode(_settings())
+    fresh.prepare()
+    status = fresh.reconcile({sandbox.id: "stopping"})[sandbox.id]
+    print(f"killed after {delay} s: reconciled to {status}")
+    assert status in ("running", "checkpointed", "stopped")
+    if status != "running":
+        result = fresh.resume(sandbox.id, sandbox)
+        assert result.memory_restored is (status == "checkpointed")
+    out, _, code = run(fresh, sandbox.id, "cat ~/home-file")
+    assert (out.strip(), code) == ("kept", 0)
