@@ -481,6 +481,38 @@ class LocalNode:
         except RuntimeError_ as e:
             raise NodeError("not_found", f"no job {job!r} in {id}") from e
 
+    def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
+              tty: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in the sandbox as ``user`` in its home, with pipes for stdout/stderr (and stdin when
+        ``stdin``), and return the process. Everything it touches is resolved inside the sandbox's own mount
+        namespace, so files moved this way can never follow a sandbox symlink onto the host. With ``tty`` the
+        process gets a pseudo-terminal: the returned process's stdin/stdout are the host side of a pty pair
+        (runc ``exec --tty`` relays it into the container), stderr is merged into it."""
+        self._require_running(id)
+        rec = self._record(id)
+        uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
+        home = "/root" if user == "root" else "/home/user"
+        envs = _login_env(user, {**rec["spec"].get("env", {}), **(env or {})})
+        args = [self.runtime.runc, "--root", str(self.runtime.state_root), "exec", "--user", f"{uid}:{gid}",
+                "--cwd", home]
+        for e in envs:
+            args += ["--env", e]
+        if tty:
+            import pty
+
+            master, slave = pty.openpty()
+            proc = subprocess.Popen([*args, "--tty", id, *argv], stdin=slave, stdout=slave, stderr=slave,
+                                    start_new_session=True)
+            os.close(slave)
+            proc.pty_master = master  # type: ignore[attr-defined]
+            return proc
+        return subprocess.Popen([*args, id, *argv], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def address(self, id: str) -> str:
+        """The sandbox's IPv4 address on the node's bridge (``10.88.0.7``), where its ports answer."""
+        return self._lease(id).address.split("/")[0]
+
     # ----------------------------------------------------------------- stop / resume
 
     def stop(self, id: str, keep_memory: bool = True) -> bool:

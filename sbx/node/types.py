@@ -10,6 +10,7 @@ else is a bug.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -182,6 +183,17 @@ class NodeAgent(Protocol):
 
     def status(self, id: str) -> NodeStatus:
         """What the node finds for ``id`` now."""
+        ...
+
+    def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
+              tty: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in the running sandbox and return the process (pipes for stdout/stderr, stdin when
+        asked; with ``tty``, ``proc.pty_master`` is the host end of its pseudo-terminal). Used for file transfer
+        and interactive shells."""
+        ...
+
+    def address(self, id: str) -> str:
+        """The sandbox's IPv4 address on the node's bridge, where its listening ports answer."""
         ...
 
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
