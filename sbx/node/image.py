@@ -1,0 +1,443 @@
+"""The default sandbox base image: build it once per recipe, cache it on the data volume.
+
+:func:`ensure_image` returns ``settings.images_dir / "<recipe hash>.ext4"``, a sparse ext4 filesystem image
+holding a Debian root filesystem made from :mod:`sbx.guest.recipe`. The disk layer copies (reflinks) it per
+sandbox and grows it to the sandbox's disk size.
+
+The build: ``mmdebstrap`` (root mode, directory output) from the Debian mirror the host's own apt sources use
+(read at run time from ``/etc/apt/sources.list`` and ``/etc/apt/sources.list.d/*.list`` / ``*.sources``), the
+recipe's customisation applied in the rootfs (files copied, commands run with ``chroot``), then
+``mkfs.ext4 -d`` into a sparse file about 1.5 times the content, built under a temporary name and renamed into
+place. A lock file (``flock``) next to the image keeps two builds of the same recipe from racing.
+
+Importing this module has no side effects.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sbx.config import Settings
+from sbx.guest import recipe
+from sbx.node.types import NodeError
+
+Progress = Callable[[str], None]
+
+#: Image size = content bytes * this factor, rounded up to :data:`SIZE_ROUND` (the disk layer grows it later).
+SIZE_FACTOR = 1.5
+SIZE_ROUND = 64 * 1024 * 1024
+#: Floor for the image size in bytes, so a tiny rootfs still gets room for ext4's own metadata.
+MIN_SIZE = 256 * 1024 * 1024
+#: Filesystem label of every base image.
+FS_LABEL = "sbx-root"
+
+
+class ImageError(NodeError):
+    """Building the base image failed (code ``image_build_failed``) or no Debian mirror could be found in the
+    host's apt sources (code ``no_debian_mirror``)."""
+
+    def __init__(self, message: str, code: str = "image_build_failed"):
+        super().__init__(code, message)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The host's apt sources
+
+
+@dataclass(frozen=True)
+class AptSource:
+    """One apt source entry: ``types`` (``deb``/``deb-src``), ``uris``, ``suites``, ``components``,
+    ``options`` (lower-cased option names such as ``signed-by`` or ``arch``) and ``origin`` (the file it came
+    from)."""
+
+    types: tuple[str, ...]
+    uris: tuple[str, ...]
+    suites: tuple[str, ...]
+    components: tuple[str, ...]
+    options: dict[str, str] = field(default_factory=dict)
+    origin: str = ""
+
+
+def parse_one_line_sources(text: str, origin: str = "") -> list[AptSource]:
+    """Parse the one-line format (``sources.list``, ``*.list``):
+    ``deb [opt=val ...] URI SUITE [COMPONENT...]``. Comments, blank lines and malformed lines are skipped."""
+    out: list[AptSource] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        options: dict[str, str] = {}
+        m = re.match(r"^(\S+)\s*\[([^\]]*)\]\s*(.*)$", line)
+        if m:
+            kind, opts, rest = m.group(1), m.group(2), m.group(3)
+            for opt in opts.split():
+                if "=" in opt:
+                    key, value = opt.split("=", 1)
+                    options[key.strip().lower()] = value.strip()
+            words = [kind, *rest.split()]
+        else:
+            words = line.split()
+        if len(words) < 3 or words[0] not in ("deb", "deb-src"):
+            continue
+        out.append(
+            AptSource(
+                types=(words[0],),
+                uris=(words[1],),
+                suites=(words[2],),
+                components=tuple(words[3:]),
+                options=options,
+                origin=origin,
+            )
+        )
+    return out
+
+
+def _deb822_paragraphs(text: str) -> Iterator[dict[str, str]]:
+    fields: dict[str, str] = {}
+    key: str | None = None
+    for raw in text.splitlines():
+        if raw.startswith("#"):
+            continue
+        if not raw.strip():
+            if fields:
+                yield fields
+            fields, key = {}, None
+            continue
+        if raw[0] in " \t":
+            if key is not None:
+                fields[key] += "\n" + raw.strip()
+            continue
+        if ":" not in raw:
+            continue
+        name, value = raw.split(":", 1)
+        key = name.strip().lower()
+        fields[key] = value.strip()
+    if fields:
+        yield fields
+
+
+def parse_deb822_sources(text: str, origin: str = "") -> list[AptSource]:
+    """Parse the deb822 format (``*.sources``): paragraphs of ``Types``/``URIs``/``Suites``/``Components``
+    fields, separated by blank lines. Paragraphs with ``Enabled: no`` or without types, URIs or suites are
+    skipped."""
+    out: list[AptSource] = []
+    for para in _deb822_paragraphs(text):
+        if para.get("enabled", "yes").strip().lower() in ("no", "false", "0"):
+            continue
+        types = tuple(para.get("types", "").split())
+        uris = tuple(para.get("uris", "").split())
+        suites = tuple(para.get("suites", "").split())
+        if not (types and uris and suites):
+            continue
+        options = {k: v for k, v in para.items() if k not in ("types", "uris", "suites", "components", "enabled")}
+        out.append(
+            AptSource(
+                types=types,
+                uris=uris,
+                suites=suites,
+                components=tuple(para.get("components", "").split()),
+                options=options,
+                origin=origin,
+            )
+        )
+    return out
+
+
+def read_host_sources(root: Path = Path("/")) -> list[AptSource]:
+    """All entries of the apt sources under ``root`` (``etc/apt/sources.list``,
+    ``etc/apt/sources.list.d/*.list`` and ``*.sources``), in apt's reading order. Unreadable files are
+    skipped."""
+    etc = root / "etc" / "apt"
+    entries: list[AptSource] = []
+    main = etc / "sources.list"
+    if main.is_file():
+        entries += parse_one_line_sources(main.read_text(errors="replace"), str(main))
+    parts = etc / "sources.list.d"
+    if parts.is_dir():
+        for path in sorted(parts.iterdir()):
+            try:
+                if path.suffix == ".list" and path.is_file():
+                    entries += parse_one_line_sources(path.read_text(errors="replace"), str(path))
+                elif path.suffix == ".sources" and path.is_file():
+                    entries += parse_deb822_sources(path.read_text(errors="replace"), str(path))
+            except OSError:
+                continue
+    return entries
+
+
+def find_mirror(suite: str, sources: Iterable[AptSource] | None = None, component: str = "main") -> str | None:
+    """The URI of the first binary (``deb``) entry that serves ``suite`` with ``component``; ``None`` if no
+    entry does. ``sources`` defaults to :func:`read_host_sources`."""
+    entries = list(sources) if sources is not None else read_host_sources()
+    for entry in entries:
+        serves = suite in entry.suites and (not entry.components or component in entry.components)
+        if "deb" in entry.types and serves:
+            for uri in entry.uris:
+                if uri.startswith(("http://", "https://", "file:", "ftp://")):
+                    return uri.rstrip("/")
+    return None
+
+
+def debian_mirror(suite: str = recipe.SUITE, sources: Iterable[AptSource] | None = None) -> str:
+    """The host's Debian archive URI for ``suite`` (e.g. the URI of the entry listing ``bookworm``).
+
+    Raises :class:`ImageError` (code ``no_debian_mirror``) when the host's apt sources list no such entry."""
+    uri = find_mirror(suite, sources)
+    if uri is None:
+        raise ImageError(
+            f"no Debian archive for suite {suite!r} in the host's apt sources "
+            "(/etc/apt/sources.list, /etc/apt/sources.list.d/*.list, *.sources)",
+            code="no_debian_mirror",
+        )
+    return uri
+
+
+def mirror_lines(sources: Iterable[AptSource] | None = None) -> list[str]:
+    """The one-line apt sources mmdebstrap gets (and writes into the image): the main suite and its update
+    suites from the host's archive URI, and the security suite when the host lists one."""
+    entries = list(sources) if sources is not None else read_host_sources()
+    archive = debian_mirror(recipe.SUITE, entries)
+    components = " ".join(recipe.COMPONENTS)
+    lines = [f"deb {archive} {recipe.SUITE} {components}"]
+    for suite in recipe.UPDATE_SUITES:
+        uri = find_mirror(suite, entries)
+        if uri is not None:
+            lines.append(f"deb {uri} {suite} {components}")
+    security = find_mirror(recipe.SECURITY_SUITE, entries)
+    if security is not None:
+        lines.append(f"deb {security} {recipe.SECURITY_SUITE} {components}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------------
+# Building
+
+
+def image_path(settings: Settings) -> Path:
+    """Where the image for the current recipe lives: ``settings.images_dir / "<recipe hash>.ext4"``."""
+    return settings.images_dir / f"{recipe.recipe_hash()}.ext4"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def ensure_image(settings: Settings, progress: Progress | None = None) -> Path:
+    """Return the path of the base image for the current recipe, building it first if it is missing.
+
+    The image is ``settings.images_dir / "<recipe_hash>.ext4"`` (a sparse ext4 file, label ``sbx-root``,
+    about 1.5x its content) with ``<recipe_hash>.json`` next to it (build facts). ``progress`` gets one-line
+    status messages. Concurrent callers wait on a lock file and share one build. A build takes about a
+    minute and needs network access to the host's Debian mirror.
+
+    Raises :class:`ImageError` when the mirror is unknown or a build step fails.
+    """
+    say = progress or (lambda _msg: None)
+    target = image_path(settings)
+    if target.is_file():
+        return target
+    digest = target.stem
+    with _locked(target.parent / f"{digest}.lock"):
+        if target.is_file():
+            return target
+        build_image(target, say)
+    return target
+
+
+def build_image(target: Path, progress: Progress | None = None) -> None:
+    """Build the image for the current recipe at ``target`` (overwritten atomically: a temporary file in the
+    same folder is renamed over it). The caller holds the lock. Raises :class:`ImageError`."""
+    say = progress or (lambda _msg: None)
+    start = time.monotonic()
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f".build-{target.stem}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    work = folder / f".build-{target.stem}-{os.getpid()}"
+    work.mkdir(mode=0o700)
+    rootfs = work / "rootfs"
+    try:
+        lines = mirror_lines()
+        say(f"Debian mirror: {lines[0].split()[1]}")
+        _bootstrap(rootfs, lines, say)
+        say("Customising the root filesystem")
+        customise_rootfs(rootfs)
+        content = _content_bytes(rootfs)
+        size = max(MIN_SIZE, -(-int(content * SIZE_FACTOR) // SIZE_ROUND) * SIZE_ROUND)
+        tmp = work / "image.ext4"
+        say(f"Writing ext4 image ({content // 2**20} MiB of files in a {size // 2**20} MiB filesystem)")
+        _mkfs(rootfs, tmp, size)
+        meta = {
+            "recipe_hash": target.stem,
+            "suite": recipe.SUITE,
+            "packages": list(recipe.PACKAGES),
+            "mirror": lines,
+            "content_bytes": content,
+            "size_bytes": size,
+            "build_seconds": round(time.monotonic() - start, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        meta_tmp = work / "image.json"
+        meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(meta_tmp, target.with_suffix(".json"))
+        os.replace(tmp, target)
+        _fsync_dir(folder)
+        say(f"Image ready: {target} ({time.monotonic() - start:.0f} s)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(argv: list[str], what: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    except FileNotFoundError as e:
+        raise ImageError(f"{what}: {argv[0]} is not installed ({e})") from e
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout or "").strip()[-2000:]
+        raise ImageError(f"{what} failed (exit {proc.returncode}): {tail}")
+    return proc  # type: ignore[no-any-return]
+
+
+def _bootstrap(rootfs: Path, lines: list[str], say: Progress) -> None:
+    argv = [
+        "mmdebstrap",
+        "--mode=root",
+        "--format=directory",
+        f"--variant={recipe.VARIANT}",
+        f"--components={','.join(recipe.COMPONENTS)}",
+        f"--include={','.join(recipe.PACKAGES)}",
+        *[f"--dpkgopt={opt}" for opt in recipe.DPKG_OPTIONS],
+        recipe.SUITE,
+        str(rootfs),
+        *lines,
+    ]
+    count = len(recipe.PACKAGES)
+    say(f"Bootstrapping Debian {recipe.SUITE} ({recipe.VARIANT} + {count} packages) with mmdebstrap")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C.UTF-8")
+    try:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace"
+        )
+    except FileNotFoundError as e:
+        raise ImageError("mmdebstrap is not installed (run `sbx setup`)") from e
+    tail: deque[str] = deque(maxlen=40)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail.append(line)
+        if line.startswith("I: "):
+            say("mmdebstrap: " + line[3:])
+    if proc.wait() != 0:
+        raise ImageError(f"mmdebstrap failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _inside(rootfs: Path, path: str) -> Path:
+    return rootfs / path.lstrip("/")
+
+
+def customise_rootfs(rootfs: Path) -> None:
+    """Apply the recipe's customisation to the unpacked rootfs at ``rootfs`` (guest files, user, masked and
+    enabled units, default target, removals, empty and plain files). Commands run with ``chroot``.
+    Raises :class:`ImageError`."""
+    src_root = recipe.files_dir()
+    for f in recipe.GUEST_FILES:
+        dest = _inside(rootfs, f.dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_symlink():
+            dest.unlink()
+        shutil.copyfile(src_root / f.src, dest)
+        os.chown(dest, 0, 0)
+        os.chmod(dest, f.mode)
+
+    user = recipe.USER
+    chroot = ["chroot", str(rootfs)]
+    _run([*chroot, "groupadd", "--gid", str(user.gid), user.name], "groupadd")
+    _run(
+        [
+            *chroot, "useradd",
+            "--uid", str(user.uid), "--gid", str(user.gid),
+            "--groups", ",".join(user.groups),
+            "--home-dir", user.home, "--create-home",
+            "--shell", user.shell,
+            user.name,
+        ],
+        "useradd",
+    )  # fmt: skip
+    # "*": no password login, but not "locked" either (sshd refuses key logins to locked accounts).
+    _run([*chroot, "usermod", "--password", "*", user.name], "usermod")
+
+    _run([*chroot, "systemctl", "mask", *recipe.MASKED_UNITS], "systemctl mask")
+    _run([*chroot, "systemctl", "enable", *recipe.ENABLED_UNITS], "systemctl enable")
+    _run([*chroot, "systemctl", "set-default", recipe.DEFAULT_TARGET], "systemctl set-default")
+
+    for pattern in recipe.REMOVE_GLOBS:
+        for hit in glob.glob(str(_inside(rootfs, pattern))):
+            os.unlink(hit)
+    for path in recipe.EMPTY_FILES:
+        p = _inside(rootfs, path)
+        if p.is_symlink():
+            p.unlink()
+        p.write_bytes(b"")
+        os.chmod(p, 0o444 if path == "/etc/machine-id" else 0o644)
+    for path, content in recipe.PLAIN_FILES.items():
+        p = _inside(rootfs, path)
+        if p.is_symlink() or p.exists():
+            p.unlink()
+        p.write_text(content)
+        os.chmod(p, 0o644)
+    # mmdebstrap already empties /tmp, /run and the apt cache; drop any package files a hook left behind.
+    for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+
+
+def _content_bytes(rootfs: Path) -> int:
+    """Bytes the rootfs occupies (``du``, apparent size rounded to 4 KiB blocks, plus one block per inode)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        for name in dirnames + filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total += -(-st.st_size // 4096) * 4096 + 256
+    return total
+
+
+def _mkfs(rootfs: Path, out: Path, size: int) -> None:
+    with open(out, "wb") as f:
+        f.truncate(size)
+    _run(
+        ["mkfs.ext4", "-q", "-F", "-L", FS_LABEL, "-d", str(rootfs), "-E", "root_owner=0:0", str(out)],
+        "mkfs.ext4",
+    )
+    _run(["e2fsck", "-f", "-n", str(out)], "e2fsck")
+    with open(out, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

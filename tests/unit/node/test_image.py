@@ -1,0 +1,232 @@
+"""Base image: the Debian mirror read from apt sources (both formats), and a real build checked with debugfs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sbx.config import Settings
+from sbx.guest import recipe
+from sbx.node import image
+from sbx.node.image import ImageError
+
+ONE_LINE = """\
+# a comment line
+deb http://mirror.example.org/debian bookworm main contrib
+deb-src http://src.example.org/debian bookworm main
+deb [arch=amd64 signed-by=/k.gpg] http://mirror.example.org/debian bookworm-updates main
+deb [ arch=amd64 ] https://security.example.org/debian-security bookworm-security main # trailing comment
+
+deb http://other.example.org/stuff stable main
+"""
+
+DEB822 = """\
+Types: deb deb-src
+# http://snapshot.example.org/archive/debian/20250520T000000Z
+URIs: http://deb.example.net/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.example.net/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By:
+ -----BEGIN PGP PUBLIC KEY BLOCK-----
+ .
+ mQINBGP...
+ -----END PGP PUBLIC KEY BLOCK-----
+
+Types: deb
+URIs: http://disabled.example.net/debian
+Suites: bookworm
+Components: main
+Enabled: no
+"""
+
+
+def test_one_line_format() -> None:
+    entries = image.parse_one_line_sources(ONE_LINE, "x.list")
+    assert [e.types for e in entries] == [("deb",), ("deb-src",), ("deb",), ("deb",), ("deb",)]
+    first = entries[0]
+    assert first.uris == ("http://mirror.example.org/debian",)
+    assert first.suites == ("bookworm",) and first.components == ("main", "contrib")
+    assert first.origin == "x.list"
+    updates = entries[2]
+    assert updates.options == {"arch": "amd64", "signed-by": "/k.gpg"}
+    assert updates.suites == ("bookworm-updates",)
+    security = entries[3]
+    assert security.uris == ("https://security.example.org/debian-security",)
+    assert security.components == ("main",)
+
+
+def test_deb822_format() -> None:
+    entries = image.parse_deb822_sources(DEB822, "debian.sources")
+    assert len(entries) == 2  # the Enabled: no paragraph is dropped
+    main, sec = entries
+    assert main.types == ("deb", "deb-src")
+    assert main.uris == ("http://deb.example.net/debian",)
+    assert main.suites == ("bookworm", "bookworm-updates")
+    assert main.options["signed-by"] == "/usr/share/keyrings/debian-archive-keyring.gpg"
+    assert sec.suites == ("bookworm-security",)
+    assert "BEGIN PGP PUBLIC KEY BLOCK" in sec.options["signed-by"]
+
+
+def test_find_mirror_and_mirror_lines() -> None:
+    entries = image.parse_deb822_sources(DEB822)
+    assert image.find_mirror("bookworm", entries) == "http://deb.example.net/debian"
+    assert image.find_mirror("bookworm-security", entries) == "http://deb.example.net/debian-security"
+    assert image.find_mirror("sid", entries) is None
+    assert image.mirror_lines(entries) == [
+        "deb http://deb.example.net/debian bookworm main",
+        "deb http://deb.example.net/debian bookworm-updates main",
+        "deb http://deb.example.net/debian-security bookworm-security main",
+    ]
+
+
+def test_deb_src_only_entries_are_not_mirrors() -> None:
+    entries = image.parse_one_line_sources("deb-src http://src.example.org/debian bookworm main\n")
+    assert image.find_mirror("bookworm", entries) is None
+
+
+def test_missing_mirror_is_a_clear_error() -> None:
+    entries = image.parse_one_line_sources("deb http://other.example.org/x stable main\n")
+    with pytest.raises(ImageError) as err:
+        image.debian_mirror("bookworm", entries)
+    assert err.value.code == "no_debian_mirror"
+    assert "bookworm" in err.value.message
+
+
+def test_read_host_sources_from_a_tree(tmp_path: Path) -> None:
+    apt = tmp_path / "etc/apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list").write_text("deb http://first.example.org/debian bookworm main\n")
+    (apt / "sources.list.d/debian.sources").write_text(DEB822)
+    (apt / "sources.list.d/extra.list").write_text("deb http://extra.example.org/debian trixie main\n")
+    (apt / "sources.list.d/off.list.disabled").write_text("deb http://off.example.org/debian bookworm main\n")
+    entries = image.read_host_sources(tmp_path)
+    uris = [e.uris[0] for e in entries]
+    assert uris == [
+        "http://first.example.org/debian",
+        "http://deb.example.net/debian",
+        "http://deb.example.net/debian-security",
+        "http://extra.example.org/debian",
+    ]
+    # sources.list comes first, so it wins
+    assert image.find_mirror("bookworm", entries) == "http://first.example.org/debian"
+    assert image.find_mirror("trixie", entries) == "http://extra.example.org/debian"
+
+
+def test_read_host_sources_of_an_empty_tree(tmp_path: Path) -> None:
+    assert image.read_host_sources(tmp_path) == []
+
+
+def test_image_path_is_named_after_the_recipe_hash(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert image.image_path(settings) == settings.images_dir / f"{recipe.recipe_hash()}.ext4"
+
+
+def test_ensure_image_returns_an_existing_image_without_building(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(home=tmp_path)
+    target = image.image_path(settings)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"")
+
+    def fail(*_a: object, **_k: object) -> None:
+        raise AssertionError("must not build")
+
+    monkeypatch.setattr(image, "build_image", fail)
+    assert image.ensure_image(settings) == target
+
+
+# --------------------------------------------------------------------------------------------------------
+# The real build (root, mmdebstrap and the host's Debian mirror; about a minute).
+
+
+def _debugfs(img: Path, request: str) -> str:
+    proc = subprocess.run(["debugfs", "-R", request, str(img)], capture_output=True, text=True, check=True)
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Path, list[str]]]:
+    if os.geteuid() != 0:
+        pytest.fail("building the base image needs root (mmdebstrap --mode=root, chroot)")
+    home = tmp_path_factory.mktemp("sbx-imagetest")
+    settings = replace(Settings(), home=home)
+    messages: list[str] = []
+    path = image.ensure_image(settings, messages.append)
+    yield settings, path, messages
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_build_writes_the_image_atomically(built: tuple[Settings, Path, list[str]]) -> None:
+    settings, path, messages = built
+    assert path == image.image_path(settings) and path.is_file()
+    assert path.with_suffix(".json").is_file()
+    leftovers = [p.name for p in path.parent.iterdir() if p.name.startswith(".build-")]
+    assert leftovers == []
+    assert any(m.startswith("Bootstrapping") for m in messages)
+    assert any(m.startswith("Image ready") for m in messages)
+    # sparse: far fewer blocks allocated than the apparent size... and about 1.5x the content
+    st = path.stat()
+    assert st.st_blocks * 512 < st.st_size
+    blkid = subprocess.run(["blkid", "-o", "export", str(path)], capture_output=True, text=True, check=True)
+    assert "TYPE=ext4" in blkid.stdout and f"LABEL={image.FS_LABEL}" in blkid.stdout
+    subprocess.run(["e2fsck", "-f", "-n", str(path)], check=True, capture_output=True)
+
+
+def test_second_call_reuses_the_image(built: tuple[Settings, Path, list[str]]) -> None:
+    settings, path, _ = built
+    before = path.stat().st_mtime_ns
+    assert image.ensure_image(settings) == path
+    assert path.stat().st_mtime_ns == before
+
+
+def test_image_has_the_user_and_sudoers(built: tuple[Settings, Path, list[str]]) -> None:
+    _, path, _ = built
+    home = _debugfs(path, "stat /home/user")
+    assert "Type: directory" in home and "User:  1000" in home and "Group:  1000" in home
+    sudoers = _debugfs(path, "stat /etc/sudoers.d/user")
+    assert "Mode:  0440" in sudoers
+    assert "NOPASSWD: ALL" in _debugfs(path, "cat /etc/sudoers.d/user")
+    passwd = _debugfs(path, "cat /etc/passwd")
+    assert "user:x:1000:1000::/home/user:/bin/bash" in passwd
+
+
+def test_image_masks_units(built: tuple[Settings, Path, list[str]]) -> None:
+    _, path, _ = built
+    for unit in ("getty@tty1.service", "systemd-udevd.service", "sys-kernel-debug.mount", "serial-getty@.service"):
+        out = _debugfs(path, f"stat /etc/systemd/system/{unit}")
+        assert "Type: symlink" in out and "/dev/null" in out, unit
+
+
+def test_image_enables_ssh_and_identity(built: tuple[Settings, Path, list[str]]) -> None:
+    _, path, _ = built
+    wants = _debugfs(path, "ls -l /etc/systemd/system/multi-user.target.wants")
+    assert "ssh.service" in wants
+    sysinit = _debugfs(path, "ls -l /etc/systemd/system/sysinit.target.wants")
+    assert "sbx-identity.service" in sysinit
+    dropin = _debugfs(path, "cat /etc/systemd/system/service.d/10-sbx.conf")
+    assert "ProtectHostname=no" in dropin
+    script = _debugfs(path, "stat /usr/lib/sbx/sbx-identity")
+    assert "Mode:  0755" in script
+
+
+def test_image_leaves_identity_to_the_host(built: tuple[Settings, Path, list[str]]) -> None:
+    _, path, _ = built
+    mid = _debugfs(path, "stat /etc/machine-id")
+    assert "Type: regular" in mid and "Size: 0" in mid
+    resolv = _debugfs(path, "stat /etc/resolv.conf")
+    assert "Type: regular" in resolv
+    ssh_dir = _debugfs(path, "ls /etc/ssh")
+    assert "sshd_config" in ssh_dir and "ssh_host_" not in ssh_dir
