@@ -54,7 +54,7 @@ from sbx.node.types import (
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config
-from sbx.runtime.runc import RuncRuntime, kill_process_group
+from sbx.runtime.runc import CRIU_CONFIG, RuncRuntime, kill_process_group
 from sbx.storage import disk as disks
 from sbx.storage import mounts, space
 from sbx.storage.errors import StorageError
@@ -216,6 +216,8 @@ class LocalNode:
                 f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
             ],
         )
+        (bundle / "criu.conf").write_text(CRIU_CONFIG)
+        cspec.annotations["org.criu.config"] = str(bundle / "criu.conf")
         config = build_config(cspec)
         # Legacy cgroup mode for systemd: no inotify watches on cgroup2 `cgroup.events` files, which CRIU
         # cannot reopen on restore (measured here: "fsnotify: Unable to open .../cgroup.events").
@@ -542,7 +544,10 @@ class LocalNode:
             self._cleanup_container(id)
             self._umount(id)
             self._seal(id)
-            self._set_phase(id, "checkpointed" if saved else "stopped")
+            if saved:
+                self._set_phase(id, "checkpointed", lastError=None)
+            else:
+                self._set_phase(id, "stopped")
             return saved
 
     def _halt(self, sid: str, grace: float = 10.0) -> None:

@@ -20,6 +20,12 @@ from sbx.runtime.base import ContainerState, RuntimeError_
 from sbx.runtime.criu import log_tail
 
 
+# The CRIU configuration file a bundle points at with the ``org.criu.config`` annotation (runc's checkpoint
+# docs): established TCP connections come back closed rather than failing the restore when their peer has
+# moved on.
+CRIU_CONFIG = "tcp-close\n"
+
+
 class RuncRuntime:
     """:class:`sbx.runtime.base.Runtime` on runc.
 
@@ -36,9 +42,16 @@ class RuncRuntime:
     def _cmd(self, *args: str) -> list[str]:
         return [self.runc, "--root", str(self.state_root), *args]
 
-    def _run(self, op: str, args: list[str], timeout: float = 120) -> str:
+    def _criu_env(self) -> dict[str, str]:
+        """runc's environment for checkpoint/restore: sid's iptables wrappers (``<criu_dir>/bin``) first on PATH,
+        for CRIU's network lock while it dumps established TCP connections."""
+        path = f"{self.criu.parent / 'bin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return {**os.environ, "PATH": path}
+
+    def _run(self, op: str, args: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> str:
         try:
-            p = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                               env=env)
         except subprocess.TimeoutExpired as e:
             raise RuntimeError_(op, f"timed out after {timeout} s") from e
         if p.returncode != 0:
@@ -70,6 +83,9 @@ class RuncRuntime:
         return p.stdout
 
     def checkpoint(self, cid: str, image_dir: Path, work_dir: Path) -> None:
+        """Dump with ``--tcp-established`` so an open connection (an ssh session, a client of a server inside)
+        does not block the stop; the bundle's CRIU config (:data:`CRIU_CONFIG`) restores such connections closed,
+        so their processes see a reset while listeners keep answering."""
         for d in (image_dir, work_dir):
             if d.exists():
                 shutil.rmtree(d)
@@ -78,7 +94,8 @@ class RuncRuntime:
         try:
             self._run("checkpoint", [self.runc, "--root", str(self.state_root), "--criu", str(self.criu),
                                      "checkpoint", "--image-path", str(image_dir), "--work-path", str(work_dir),
-                                     "--empty-ns", "network", cid], timeout=600)
+                                     "--empty-ns", "network", "--tcp-established", cid],
+                      timeout=600, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("checkpoint", f"{e.detail}\n{log_tail(work_dir, 'dump.log')}") from e
 
@@ -89,7 +106,7 @@ class RuncRuntime:
         try:
             self._run("restore", [self.runc, "--root", str(self.state_root), "--criu", str(self.criu),
                                   "restore", "-d", "--image-path", str(image_dir), "--work-path", str(work_dir),
-                                  "--bundle", str(bundle), cid], timeout=600)
+                                  "--bundle", str(bundle), cid], timeout=600, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("restore", f"{e.detail}\n{log_tail(work_dir, 'restore.log')}") from e
 

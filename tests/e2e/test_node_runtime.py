@@ -116,6 +116,40 @@ def test_stop_resume_keeps_pid_and_memory(node, sandbox):
     assert node.job_output(sandbox.id, job.id, "stdout").decode().split() == [pid, digest]
 
 
+ECHO_SERVER = (
+    "python3 -c 'import socket,threading\ns=socket.create_server((\"\",8001))\n"
+    "def h(c):\n  while (d:=c.recv(100)):\n    c.sendall(d)\n"
+    "while True:\n  c,_=s.accept(); threading.Thread(target=h,args=(c,)).start()'"
+)
+
+
+def test_stop_with_an_open_tcp_connection_keeps_memory(node, sandbox):
+    import socket
+
+    node.exec_detached(sandbox.id, ECHO_SERVER)
+    ip = node.address(sandbox.id)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            conn = socket.create_connection((ip, 8001), timeout=2)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "echo server did not come up"
+            time.sleep(0.2)
+    conn.sendall(b"ping")
+    assert conn.recv(10) == b"ping"
+    assert node.stop(sandbox.id) is True  # the established connection does not block the checkpoint
+    assert node.resume(sandbox.id, sandbox).memory_restored is True
+    conn.settimeout(5)
+    with pytest.raises(OSError):  # the old connection comes back closed (CRIU tcp-close) ...
+        conn.sendall(b"again")
+        if not conn.recv(10):
+            raise ConnectionResetError("closed")
+    with socket.create_connection((ip, 8001), timeout=5) as again:  # ... and the listener answers again
+        again.sendall(b"new")
+        assert again.recv(10) == b"new"
+
+
 def test_resize_cold_boots_keeps_home_and_grows_disk(node, sandbox):
     run(node, sandbox.id, "echo kept > ~/home-file; echo gone > /tmp/tmp-file; "
                           "printf '[Service]\\nExecStart=/bin/sleep infinity\\n[Install]\\nWantedBy=multi-user.target\\n'"
