@@ -151,9 +151,10 @@ def test_stop_with_an_open_tcp_connection_keeps_memory(node, sandbox):
 
 
 def test_resize_cold_boots_keeps_home_and_grows_disk(node, sandbox):
-    run(node, sandbox.id, "echo kept > ~/home-file; echo gone > /tmp/tmp-file; "
-                          "printf '[Service]\\nExecStart=/bin/sleep infinity\\n[Install]\\nWantedBy=multi-user.target\\n'"
-                          " | sudo tee /etc/systemd/system/napper.service >/dev/null; sudo systemctl enable --now napper")
+    unit = "[Service]\\nExecStart=/bin/sleep infinity\\n[Install]\\nWantedBy=multi-user.target\\n"
+    run(node, sandbox.id, f"echo kept > ~/home-file; echo gone > /tmp/tmp-file; printf '{unit}'"
+                          " | sudo tee /etc/systemd/system/napper.service >/dev/null;"
+                          " sudo systemctl enable --now napper")
     before, _, _ = run(node, sandbox.id, "df -m --output=size / | tail -1")
     node.exec_detached(sandbox.id, "sleep 1000")
     node.stop(sandbox.id)
