@@ -220,3 +220,31 @@ def test_node_killed_mid_stop_restarts_consistent(node, sandbox, delay):
         assert result.memory_restored is (status == "checkpointed")
     out, _, code = run(fresh, sandbox.id, "cat ~/home-file")
     assert (out.strip(), code) == ("kept", 0)
+
+
+def test_sandboxes_reach_neither_each_other_nor_the_host(node, sandbox):
+    import http.server
+    import threading
+
+    other = SandboxSpec(id=sandbox.id[:-1] + "z", hostname="node-other", size=node.settings.size("small"))
+    node.create(other)
+    # A server on the host, on every address (as an API bound to 0.0.0.0 would be).
+    host_server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), http.server.SimpleHTTPRequestHandler)
+    port = host_server.server_address[1]
+    threading.Thread(target=host_server.serve_forever, daemon=True).start()
+    try:
+        node.exec_detached(other.id, "python3 -m http.server 8000")
+        gateway = str(node._lease(sandbox.id).gateway)
+        probe = "curl -s -m 3 -o /dev/null -w '%{http_code}' http://{}/ || echo -n blocked"
+        deadline = time.monotonic() + 20
+        own, _, _ = run(node, other.id, probe.replace("{}", "127.0.0.1:8000"))
+        while own != "200" and time.monotonic() < deadline:  # the server in `other` answers at home
+            time.sleep(0.3)
+            own, _, _ = run(node, other.id, probe.replace("{}", "127.0.0.1:8000"))
+        assert own == "200"
+        across, _, _ = run(node, sandbox.id, probe.replace("{}", f"{node.address(other.id)}:8000"))
+        to_host, _, _ = run(node, sandbox.id, probe.replace("{}", f"{gateway}:{port}"))
+        assert across.endswith("blocked") and to_host.endswith("blocked")
+    finally:
+        host_server.shutdown()
+        node.delete(other.id)
