@@ -1,0 +1,71 @@
+"""Request bodies of the HTTP API (JSON, camelCase field names; snake_case accepted too). Unknown fields are
+rejected with ``422 invalid_request``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class CreateSandbox(_Body):
+    """``POST /v1/sandboxes``: ``type`` (small, default, large, xlarge), ``name``, ``ttl`` seconds of inactivity
+    before an automatic stop (0 = never; default 3600), ``fromSnapshot``, ``noSnapshots``, ``env``."""
+
+    type: str = "small"
+    name: str | None = None
+    ttl: int | None = Field(None, ge=0)
+    from_snapshot: str | None = Field(None, alias="fromSnapshot")
+    no_snapshots: bool = Field(False, alias="noSnapshots")
+    env: dict[str, str] | None = None
+
+
+class StopSandbox(_Body):
+    """``POST /v1/sandboxes/{id}/stop``: ``keepMemory`` (default true) checkpoints memory for a later resume."""
+
+    keep_memory: bool = Field(True, alias="keepMemory")
+
+
+class ResumeSandbox(_Body):
+    """``POST /v1/sandboxes/{id}/resume``: ``type`` to grow to, ``requireMemory`` to refuse a cold boot,
+    ``ttl`` to replace the sandbox's ttl."""
+
+    type: str | None = None
+    require_memory: bool = Field(False, alias="requireMemory")
+    ttl: int | None = Field(None, ge=0)
+
+
+class ForkSandbox(_Body):
+    """``POST /v1/sandboxes/{id}/fork``: ``type``, ``ttl`` (default one hour), ``name`` (default
+    ``"<source name> (fork)"``), ``env`` (default the source's)."""
+
+    type: str | None = None
+    ttl: int | None = Field(None, ge=0)
+    name: str | None = None
+    env: dict[str, str] | None = None
+
+
+class SnapshotSandbox(_Body):
+    """``POST /v1/sandboxes/{id}/snapshot``: the snapshot's ``name``."""
+
+    name: str
+
+
+class ExecCommand(_Body):
+    """``POST /v1/sandboxes/{id}/exec``: ``command`` (run with ``bash -lc``), ``timeout`` seconds (default 30;
+    0 or null = none), ``user`` (default ``user``), extra ``env``, ``cwd``."""
+
+    command: str = Field(min_length=1)
+    timeout: float | None = Field(30.0, ge=0)
+    user: str = "user"
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
+class StartJob(_Body):
+    """``POST /v1/sandboxes/{id}/jobs``: ``command`` to run detached, ``user``."""
+
+    command: str = Field(min_length=1)
+    user: str = "user"

@@ -1,0 +1,136 @@
+"""Verbs for the machine: ``server`` (API + control plane + node in one process), ``setup``, ``doctor``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tomllib
+from typing import Any
+
+import tomli_w
+import typer
+from rich.table import Table
+
+from sbx.cli.common import JSON_OPT, err, fail, out, print_json
+from sbx.config import Settings, load_settings
+from sbx.sdk.config import config_path
+
+
+def write_client_config(settings: Settings, token: str) -> None:
+    """Write ``~/.config/sbx/config.toml`` (``url``, ``token``; mode 0600) so the CLI and SDK find this server.
+
+    An existing file that points at another server (different url and token) is left alone."""
+    path = config_path()
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    data: dict[str, Any] = {"url": f"http://{host}:{settings.port}", "token": token}
+    if path.is_file():
+        try:
+            with path.open("rb") as f:
+                old = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError):
+            old = {}
+        if old == data:
+            return
+        if old and old.get("url") != data["url"] and old.get("token") != token:
+            err.print(f"note: {path} points at another server; left unchanged", markup=False)
+            return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        tomli_w.dump(data, f)
+
+
+def _uvicorn_server(config: Any) -> Any:
+    """A uvicorn server that, on SIGTERM/SIGINT, shuts down cleanly and exits with status 0 (stock uvicorn re-raises
+    the signal after shutdown, so the process would look killed to its supervisor)."""
+    import contextlib
+    import signal
+    from collections.abc import Iterator
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)
+
+
+def _progress(message: str) -> None:
+    err.print(message, markup=False)
+
+
+def _host_failure(exc: Exception) -> typer.Exit:
+    """Report a host-side failure (setup, node prepare) as ``error: <code>: <message>``; exit status 1."""
+    code = getattr(exc, "code", None) or "host_error"
+    message = getattr(exc, "message", None) or str(exc)
+    return fail(str(code), str(message))
+
+
+def server(
+    host: str = typer.Option(None, "--host", help="Listen address (default from settings: 127.0.0.1)."),
+    port: int = typer.Option(None, "--port", help="Listen port (default from settings: 7070)."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run the sbx server: HTTP API, control plane and this machine's node, in one process (SIGTERM stops it)."""
+    import uvicorn
+
+    from sbx.api.app import create_app
+    from sbx.api.auth import ensure_token
+    from sbx.node.agent import LocalNode  # the real node: imported only here
+
+    overrides: dict[str, Any] = {}
+    if host:
+        overrides["host"] = host
+    if port:
+        overrides["port"] = port
+    settings = load_settings(**overrides)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    token = ensure_token(settings)
+    write_client_config(settings, token)
+    node = LocalNode(settings)
+    try:
+        node.prepare(progress=_progress)
+    except Exception as e:  # host checks, volume, image, network: report, don't trace
+        raise _host_failure(e) from None
+    app = create_app(settings, node, token=token)
+    err.print(f"sbx server on {settings.api_url} (client config: {config_path()})", markup=False)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on")
+    _uvicorn_server(config).run()
+
+
+def setup() -> None:
+    """Prepare this host for sandboxes (volume, CRIU, base image, network). Safe to re-run."""
+    from sbx.node.hostsetup import setup_host
+
+    settings = load_settings()
+    try:
+        setup_host(settings, progress=_progress)
+    except Exception as e:
+        raise _host_failure(e) from None
+    err.print("host ready", markup=False)
+
+
+def doctor(json_: bool = JSON_OPT) -> None:
+    """Check this host and say how to fix what is missing; exits 1 if a check fails."""
+    from sbx.node.hostsetup import doctor as run_doctor
+
+    checks = run_doctor(load_settings())
+    if json_:
+        print_json({"checks": [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks]})
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("", "CHECK", "DETAIL", "FIX"):
+            table.add_column(col)
+        for c in checks:
+            table.add_row("ok" if c.ok else "FAIL", c.name, c.detail or "", "" if c.ok else (c.fix or ""))
+        out.print(table)
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)

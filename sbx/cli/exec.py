@@ -1,0 +1,99 @@
+"""Verbs for running commands: ``exec`` (streamed or ``--detach``), ``jobs``, ``logs``, ``wait``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import typer
+from rich.table import Table
+
+from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json
+from sbx.sdk import protocol as P
+
+
+def _write(stream: TextIO) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+@handle_errors
+def exec_(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    command: list[str] = typer.Argument(..., help="The command (one quoted string, run with bash)."),
+    timeout: float = typer.Option(30.0, "--timeout", min=0, help="Seconds before it is killed (0 = none)."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Run as a background job and print its id."),
+    user: str = typer.Option("user", "--user", "-u", help="Run as this user (e.g. root)."),
+    env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE for this command (repeatable)."),
+    cwd: str = typer.Option(None, "--cwd", help="Working directory."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Run a command in a sandbox, streaming its output; exits with the command's own exit code (124 after
+    --timeout). Waits for a sandbox that is still starting or resuming."""
+    cmd = " ".join(command)
+    with client() as c:
+        if detach:
+            job = c.run(P.exec_detached(sandbox_id, cmd, user))
+            print_json({"job": job}) if json_ else out.print(job["id"], markup=False)
+            return
+        if json_:
+            res = c.run(P.exec_(sandbox_id, cmd, timeout or None, user, parse_env(env), cwd))
+            print_json({"stdout": res.stdout, "stderr": res.stderr, "exitCode": res.exit_code,
+                        "timedOut": res.timed_out})
+        else:
+            res = c.run(P.exec_(sandbox_id, cmd, timeout or None, user, parse_env(env), cwd,
+                                _write(sys.stdout), _write(sys.stderr)))
+    if res.timed_out:
+        err.print(f"sbx: command timed out after {timeout:g} s (exit 124); use --timeout or --detach",
+                  markup=False)
+    raise typer.Exit(res.exit_code)
+
+
+@handle_errors
+def jobs(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool = JSON_OPT) -> None:
+    """List a sandbox's detached jobs."""
+    with client() as c:
+        items = c.run(P.jobs(sandbox_id))
+    if json_:
+        print_json({"jobs": items})
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("JOB", "STATUS", "STARTED", "COMMAND"):
+        table.add_column(col)
+    for j in items:
+        status = "running" if j["running"] else f"exit {j['exitCode']}"
+        table.add_row(j["id"], status, j["startedAt"], j["command"])
+    out.print(table)
+
+
+@handle_errors
+def logs(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    job_id: str = typer.Argument(..., help="Job id (from exec --detach)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
+) -> None:
+    """Print a job's output (stdout and stderr)."""
+    with client() as c:
+        c.run(P.job_logs(sandbox_id, job_id, follow, _write(sys.stdout), _write(sys.stderr)))
+
+
+@handle_errors
+def wait(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    job_id: str = typer.Argument(..., help="Job id."),
+    timeout: float = typer.Option(300.0, "--timeout", min=0, help="Seconds to wait at most."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Wait for a job to end and exit with its exit code (124 if it is still running after --timeout)."""
+    with client() as c:
+        job = c.run(P.job_wait(sandbox_id, job_id, timeout))
+    if json_:
+        print_json({"job": job})
+    if job["running"]:
+        err.print(f"sbx: job {job_id} still running after {timeout:g} s", markup=False)
+        raise typer.Exit(124)
+    raise typer.Exit(int(job["exitCode"] or 0))

@@ -1,0 +1,115 @@
+"""Verbs for a sandbox's life: ``new``, ``list``, ``info``, ``stop``, ``resume``, ``delete``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from sbx.cli.common import JSON_OPT, client, handle_errors, out, parse_env, print_json, spinner
+from sbx.sdk import protocol as P
+
+
+def _summary(sb: dict[str, Any]) -> str:
+    return f"{sb['id']} {sb['state']}"
+
+
+@handle_errors
+def new(
+    type: str = typer.Option("small", "--type", "-t", help="Size: small, default, large or xlarge."),
+    name: str = typer.Option(None, "--name", "-n", help="A name (default: the subdomain)."),
+    from_snapshot: str = typer.Option(None, "--from", help="Start from this snapshot's disk."),
+    ttl: int = typer.Option(None, "--ttl", min=0, help="Seconds of inactivity before it stops (0 = never)."),
+    no_snapshots: bool = typer.Option(
+        False, "--no-snapshots", help="Never save memory or snapshots (cannot be resumed, forked or snapshotted)."
+    ),
+    env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE for every command (repeatable)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Return once it runs (default) or once accepted."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Create a sandbox and print its id."""
+    with client() as c, spinner(f"creating {type} sandbox", not json_):
+        sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait))
+    if json_:
+        print_json({"sandbox": sb})
+    else:
+        out.print(sb["id"], markup=False)
+
+
+@handle_errors
+def list_(json_: bool = JSON_OPT) -> None:
+    """List sandboxes."""
+    with client() as c:
+        boxes = c.list()
+    if json_:
+        print_json({"sandboxes": boxes})
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("ID", "NAME", "TYPE", "STATE", "MEM", "URL"):
+        table.add_column(col)
+    for sb in boxes:
+        table.add_row(sb["id"], sb["name"], sb["type"], sb["state"], f"{sb['memoryGB']} GB", sb["url"])
+    out.print(table)
+
+
+@handle_errors
+def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool = JSON_OPT) -> None:
+    """Show a sandbox (its state, size, memoryRestored/resumeReason and fresh stats)."""
+    with client() as c:
+        sb = c.run(P.get(sandbox_id))
+    if json_:
+        print_json({"sandbox": sb})
+        return
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
+                "ttl", "subdomain", "url", "createdAt", "updatedAt"):
+        table.add_row(key, str(sb.get(key)))
+    st = sb.get("stats") or {}
+    table.add_row("memory", f"{st.get('memoryUsedMb', 0)} / {st.get('memoryTotalMb', 0)} MB")
+    table.add_row("cpu", f"{st.get('cpuPercent', 0)} %")
+    table.add_row("disk used", f"{st.get('diskUsedMb', 0)} MB")
+    table.add_row("oom kills", str(st.get("oomKills", 0)))
+    out.print(table)
+
+
+@handle_errors
+def stop(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    wait: bool = typer.Option(False, "--wait", help="Return once it has stopped."),
+    no_memory: bool = typer.Option(False, "--no-memory", help="Do not save memory (the next resume cold-boots)."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Stop a sandbox, saving its memory so a resume brings its processes back."""
+    with client() as c, spinner(f"stopping {sandbox_id}", wait and not json_):
+        sb = c.run(P.stop(sandbox_id, not no_memory, wait))
+    print_json({"sandbox": sb}) if json_ else out.print(_summary(sb), markup=False)
+
+
+@handle_errors
+def resume(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    type: str = typer.Option(None, "--type", "-t", help="Grow to this size (a cold boot from disk)."),
+    require_memory: bool = typer.Option(False, "--require-memory", help="Fail rather than boot from disk."),
+    ttl: int = typer.Option(None, "--ttl", min=0, help="New inactivity timeout in seconds."),
+    wait: bool = typer.Option(False, "--wait", help="Return once it runs."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Resume a stopped sandbox, optionally at a bigger size."""
+    with client() as c, spinner(f"resuming {sandbox_id}", wait and not json_):
+        sb = c.run(P.resume(sandbox_id, type, require_memory, ttl, wait))
+    print_json({"sandbox": sb}) if json_ else out.print(_summary(sb), markup=False)
+
+
+@handle_errors
+def delete(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    wait: bool = typer.Option(False, "--wait", help="Return once it is gone."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Delete a sandbox and its disk (named snapshots stay)."""
+    with client() as c, spinner(f"deleting {sandbox_id}", wait and not json_):
+        sb = c.run(P.delete(sandbox_id, wait))
+    print_json({"sandbox": sb}) if json_ else out.print(_summary(sb), markup=False)

@@ -1,0 +1,50 @@
+"""The ``sbx`` command (console script ``sbx = sbx.cli.main:app``): assembles the verbs of each group.
+
+Verbs::
+
+    sbx new --type small --name N [--from SNAP] [--ttl S] [--no-snapshots] [--env K=V] [--json]
+    sbx list | info ID | stop ID [--wait] | resume ID [--type T] [--require-memory] [--ttl S] [--wait] | delete ID
+    sbx exec ID "CMD" [--timeout 30] [--detach] [--user root] | jobs ID | logs ID JOB [-f] | wait ID JOB
+    sbx fork ID [--type T] [--ttl S] [--name N] [--wait] [--json]
+    sbx snapshot ID NAME | snapshots [ID] | snapshot-delete NAME
+    sbx server | setup | doctor
+"""
+
+from __future__ import annotations
+
+import typer
+
+from sbx.cli import admin, exec, fork, lifecycle
+
+app = typer.Typer(
+    name="sbx",
+    help="Self-hosted machine-like sandboxes for AI agents: create, exec, stop with memory, resize, fork.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+app.command("new", rich_help_panel="Sandboxes")(lifecycle.new)
+app.command("list", rich_help_panel="Sandboxes")(lifecycle.list_)
+app.command("info", rich_help_panel="Sandboxes")(lifecycle.info)
+app.command("stop", rich_help_panel="Sandboxes")(lifecycle.stop)
+app.command("resume", rich_help_panel="Sandboxes")(lifecycle.resume)
+app.command("delete", rich_help_panel="Sandboxes")(lifecycle.delete)
+
+app.command("exec", rich_help_panel="Commands")(exec.exec_)
+app.command("jobs", rich_help_panel="Commands")(exec.jobs)
+app.command("logs", rich_help_panel="Commands")(exec.logs)
+app.command("wait", rich_help_panel="Commands")(exec.wait)
+
+app.command("fork", rich_help_panel="Copies")(fork.fork)
+app.command("snapshot", rich_help_panel="Copies")(fork.snapshot)
+app.command("snapshots", rich_help_panel="Copies")(fork.snapshots)
+app.command("snapshot-delete", rich_help_panel="Copies")(fork.snapshot_delete)
+
+app.command("server", rich_help_panel="Machine")(admin.server)
+app.command("setup", rich_help_panel="Machine")(admin.setup)
+app.command("doctor", rich_help_panel="Machine")(admin.doctor)
+
+if __name__ == "__main__":
+    app()

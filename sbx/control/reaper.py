@@ -1,0 +1,94 @@
+"""Background duties of the control plane, run every ``tick`` seconds in one thread:
+
+- TTL: a running sandbox whose ``ttl`` (seconds, 0 = never) has passed without activity (see
+  :class:`sbx.control.service.Activity`: an exec for its whole run, an attached log stream or job wait) is
+  stopped, keeping its memory (disk only for a ``no_snapshots`` sandbox).
+- Automatic snapshots: every ``settings.auto_snapshot_seconds`` (0 disables) a running sandbox gets a snapshot
+  named ``auto-<id>-<YYYYmmddTHHMMSSZ>``; only the newest ``settings.auto_snapshot_keep`` automatic ones are kept.
+  Skipped for ``no_snapshots`` sandboxes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sbx.control.errors import ControlError
+from sbx.control.service import ControlPlane
+from sbx.control.store import as_utc, utcnow
+from sbx.node.types import NodeError
+
+log = logging.getLogger("sbx.reaper")
+
+
+class Reaper:
+    """Runs :meth:`run_once` every ``tick`` seconds in a daemon thread between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, control: ControlPlane, tick: float = 5.0):
+        self.control = control
+        self.tick = tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._first_seen: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sbx-reaper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to end and wait for it (at most one tick plus the current pass)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.tick + 30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick):
+            try:
+                self.run_once()
+            except Exception:  # keep reaping after a bug in one pass
+                log.exception("reaper pass failed")
+
+    def run_once(self) -> None:
+        """One pass over all sandboxes: TTL stops, then automatic snapshots."""
+        settings = self.control.settings
+        for row in self.control.store.list_sandboxes():
+            if row.state != "running":
+                self._first_seen.pop(row.id, None)
+                continue
+            if row.ttl and self.control.activity.idle_for(row.id) >= row.ttl:
+                log.info("%s idle for %ss: stopping", row.id, row.ttl)
+                try:
+                    self.control.stop(row.id, keep_memory=True, wait=0)
+                    self.control.add_event(row.id, {"event": "ttl", "id": row.id, "ttl": row.ttl})
+                except ControlError as e:
+                    log.info("ttl stop of %s skipped: %s", row.id, e.message)
+                continue
+            if settings.auto_snapshot_seconds > 0 and not row.no_snapshots:
+                self._auto_snapshot(row.id)
+
+    def _auto_snapshot(self, sandbox_id: str) -> None:
+        settings = self.control.settings
+        autos = self.control.store.list_snapshots(sandbox_id, auto=True)
+        now = time.monotonic()
+        if autos:
+            age = (utcnow() - as_utc(autos[-1].created_at)).total_seconds()
+        else:
+            age = now - self._first_seen.setdefault(sandbox_id, now)
+        if age < settings.auto_snapshot_seconds:
+            return
+        name = f"auto-{sandbox_id}-{utcnow().strftime('%Y%m%dT%H%M%SZ')}"
+        try:
+            self.control.snapshot(sandbox_id, name, auto=True, wait=0)
+        except ControlError as e:
+            log.info("auto snapshot of %s skipped: %s", sandbox_id, e.message)
+            return
+        except NodeError as e:
+            log.warning("auto snapshot of %s failed: %s", sandbox_id, e.message)
+            return
+        autos = self.control.store.list_snapshots(sandbox_id, auto=True)
+        for old in autos[: max(0, len(autos) - settings.auto_snapshot_keep)]:
+            try:
+                self.control.delete_snapshot(old.name)
+            except ControlError as e:
+                log.warning("could not prune %s: %s", old.name, e.message)

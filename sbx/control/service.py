@@ -1,0 +1,796 @@
+"""The control plane's operations on sandboxes, snapshots and jobs, on top of a :class:`NodeAgent`.
+
+Long operations (create, stop, resume, fork, delete) persist their transient state, return at once and run the
+node call in a worker thread; the final state (or ``error``) and an event follow. Short ones (snapshot, exec,
+jobs) run in the caller's thread. Rules come from the seed guides:
+
+- sizes only grow on resume (``400 invalid_resize``); a resize always cold-boots and reports
+  ``memoryRestored: false, resumeReason: "resized"``; ``require_memory`` with a size change is
+  ``400 invalid_require_memory``; a resume keeps the sandbox's ttl unless one is given;
+- a fork copies type and env unless overridden, is named ``"<source name> (fork)"`` by default, gets
+  ``settings.fork_default_ttl`` (one hour) unless given, and reports ``memoryRestored``/``resumeReason`` null;
+- a sandbox created with ``no_snapshots`` cannot be resumed, forked or snapshotted (``409 snapshots_disabled``);
+  its stop keeps only the disk.
+
+Errors are :class:`sbx.control.errors.ControlError`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sbx.config import Settings, Size
+from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, from_node, not_found
+from sbx.control.ids import new_sandbox_id, new_subdomain, sandbox_url
+from sbx.control.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
+from sbx.control.store import SandboxRow, SnapshotRow, Store, iso, utcnow
+from sbx.node.types import JobInfo, NodeAgent, NodeError, SandboxSpec, Stats
+
+log = logging.getLogger("sbx.control")
+
+DEFAULT_TTL = 3600
+"""Seconds of inactivity before a new sandbox stops (keeping memory) when ``create`` gets no ttl."""
+
+DEFAULT_EXEC_TIMEOUT = 30.0
+"""Seconds an exec may run when the caller gives no timeout (the seed: "The default is 30 seconds")."""
+
+EXEC_START_WAIT = 180.0
+"""Seconds an exec waits for a provisioning/resuming sandbox to reach running before answering 409 busy."""
+
+SNAPSHOT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+NAME_MAX = 200
+
+
+class _Already(Exception):
+    """Raised inside a check to end a request early: the sandbox is already where the request wants it."""
+
+    def __init__(self, row: SandboxRow):
+        self.row = row
+
+
+class Activity:
+    """When each sandbox was last used, for the TTL reaper. An exec (for its whole run), an attached log stream
+    or a job wait counts as activity. Times are ``time.monotonic()`` seconds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._active: dict[str, int] = {}
+
+    def touch(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._last[sandbox_id] = time.monotonic()
+
+    def begin(self, sandbox_id: str) -> None:
+        """An attached session starts (exec, log follow); the sandbox is active until :meth:`end`."""
+        with self._lock:
+            self._active[sandbox_id] = self._active.get(sandbox_id, 0) + 1
+            self._last[sandbox_id] = time.monotonic()
+
+    def end(self, sandbox_id: str) -> None:
+        with self._lock:
+            n = self._active.get(sandbox_id, 0) - 1
+            if n > 0:
+                self._active[sandbox_id] = n
+            else:
+                self._active.pop(sandbox_id, None)
+            self._last[sandbox_id] = time.monotonic()
+
+    def idle_for(self, sandbox_id: str) -> float:
+        """Seconds since the last activity; 0 while a session is attached. A sandbox never seen counts from now."""
+        now = time.monotonic()
+        with self._lock:
+            if self._active.get(sandbox_id):
+                return 0.0
+            return now - self._last.setdefault(sandbox_id, now)
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._last.pop(sandbox_id, None)
+            self._active.pop(sandbox_id, None)
+
+
+def _stats_view(stats: Stats | None) -> dict[str, Any]:
+    if stats is None:
+        return {"memoryTotalMb": 0, "memoryUsedMb": 0, "cpuPercent": 0.0, "diskUsedMb": 0, "oomKills": 0}
+    return {
+        "memoryTotalMb": stats.memory_total_mb,
+        "memoryUsedMb": stats.memory_used_mb,
+        "cpuPercent": round(float(stats.cpu_percent), 1),
+        "diskUsedMb": stats.disk_used_mb,
+        "oomKills": stats.oom_kills,
+    }
+
+
+def job_view(job: JobInfo) -> dict[str, Any]:
+    """The API shape of a detached job: ``{"id","command","running","exitCode","startedAt"}``."""
+    return {
+        "id": job.id,
+        "command": job.command,
+        "running": job.running,
+        "exitCode": job.exit_code,
+        "startedAt": job.started_at,
+    }
+
+
+def snapshot_view(row: SnapshotRow) -> dict[str, Any]:
+    """The API shape of a snapshot: ``{"name","sandboxId","auto","sizeMB","createdAt"}``."""
+    return {
+        "name": row.name,
+        "sandboxId": row.sandbox_id,
+        "auto": row.auto,
+        "sizeMB": row.size_mib,
+        "createdAt": iso(row.created_at),
+    }
+
+
+class ControlPlane:
+    """All sandbox operations for one node. Thread-safe.
+
+    ``settings`` gives sizes, domain and defaults; ``node`` does the work; ``store`` defaults to a
+    :class:`Store` at ``settings.db_url``; ``wait`` bounds how long a conflicting request waits for an operation in
+    flight (seconds). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        node: NodeAgent,
+        store: Store | None = None,
+        wait: float = DEFAULT_WAIT,
+        workers: int = 8,
+    ):
+        self.settings = settings
+        self.node = node
+        self.store = store or Store(settings.db_url)
+        self.lifecycle = Lifecycle(self.store, self._on_transition, wait)
+        self.activity = Activity()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sbx-op")
+        self._snap_lock = threading.Lock()
+        self._closed = False
+
+    # views -----------------------------------------------------------------------------------------------------
+    def _size(self, name: str) -> Size:
+        try:
+            return self.settings.size(name)
+        except KeyError:
+            known = ", ".join(self.settings.sizes)
+            raise ControlError("invalid_type", f"unknown type {name!r}; use one of: {known}", 400) from None
+
+    def _stats(self, row: SandboxRow) -> Stats | None:
+        if row.state != "running":
+            return None
+        try:
+            return self.node.stats(row.id)
+        except NodeError as e:
+            log.warning("stats of %s failed: %s", row.id, e)
+            return None
+
+    def view(self, row: SandboxRow, stats: bool = True) -> dict[str, Any]:
+        """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, stats. ``stats`` is a fresh
+        node sample while running, zeros otherwise."""
+        size = self.settings.sizes.get(row.type)
+        return {
+            "id": row.id,
+            "name": row.name,
+            "type": row.type,
+            "state": row.state,
+            "memoryGB": size.memory_gb if size else None,
+            "vcpus": size.vcpus if size else None,
+            "diskGB": size.disk_gb if size else None,
+            "memoryRestored": row.memory_restored,
+            "resumeReason": row.resume_reason,
+            "createdAt": iso(row.created_at),
+            "updatedAt": iso(row.updated_at),
+            "subdomain": row.subdomain,
+            "url": sandbox_url(row.subdomain, self.settings.domain),
+            "ttl": row.ttl,
+            "stats": _stats_view(self._stats(row) if stats else None),
+        }
+
+    def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
+        return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env))
+
+    # events ----------------------------------------------------------------------------------------------------
+    def _on_transition(self, row: SandboxRow, old: str) -> None:
+        payload: dict[str, Any]
+        if row.state == "forking":
+            payload = {"event": "forking", "id": row.id, "source": row.source_id, "sandbox": self.view(row, False)}
+        elif row.state == "running":
+            payload = {
+                "event": "ready",
+                "id": row.id,
+                "state": "ready",
+                "url": sandbox_url(row.subdomain, self.settings.domain),
+                "subdomain": row.subdomain,
+                "sandbox": self.view(row),
+            }
+        elif row.state == "error":
+            payload = {
+                "event": "error",
+                "id": row.id,
+                "state": "error",
+                "error": {"code": row.error_code or "error", "message": row.error_message or ""},
+            }
+        else:
+            payload = {"event": "state", "id": row.id, "state": row.state}
+        self.add_event(row.id, payload)
+
+    def add_event(self, sandbox_id: str, payload: dict[str, Any]) -> None:
+        """Append an event line for the sandbox and wake event streams."""
+        self.store.add_event(sandbox_id, payload)
+        self.lifecycle.notify()
+
+    def events(
+        self, sandbox_id: str, after: int = 0, follow: bool = False, until_settled: bool = False,
+        poll: float = 1.0, stop: Callable[[], bool] = lambda: False,
+    ) -> Iterator[dict[str, Any]]:
+        """Event lines of a sandbox after ``seq`` ``after``: each is a dict with ``event`` and ``id`` (see
+        :meth:`_on_transition`), plus ``seq``. With ``follow``, waits for new ones; with ``until_settled`` the stream
+        ends once the sandbox is in a stable state (running, stopped, error, deleted) after replaying. Raises 404
+        for an unknown sandbox (deleted ones can still be read)."""
+        if self.store.get_sandbox(sandbox_id) is None:
+            raise not_found(f"sandbox {sandbox_id}")
+        return self._events(sandbox_id, after, follow, until_settled, poll, stop)
+
+    def _events(
+        self, sandbox_id: str, after: int, follow: bool, until_settled: bool, poll: float, stop: Callable[[], bool]
+    ) -> Iterator[dict[str, Any]]:
+        seq = after
+        while True:
+            for ev in self.store.events(sandbox_id, seq):
+                seq = ev.seq
+                yield {**ev.payload, "seq": ev.seq}
+            if not follow or stop():
+                return
+            with self.lifecycle.cond:
+                row = self.store.get_sandbox(sandbox_id)
+                if row is None or row.state == "deleted":
+                    if not self.store.events(sandbox_id, seq):
+                        return
+                    continue
+                if until_settled and row.state not in TRANSIENT and not self.store.events(sandbox_id, seq):
+                    return
+                if not self.store.events(sandbox_id, seq):
+                    self.lifecycle.cond.wait(poll)
+
+    # background work -------------------------------------------------------------------------------------------
+    def _submit(self, sandbox_id: str, fn: Callable[[], None], on_error: Callable[[str, str], None]) -> None:
+        def run() -> None:
+            try:
+                fn()
+            except NodeError as e:
+                log.warning("%s: node error %s: %s", sandbox_id, e.code, e.message)
+                on_error(e.code, e.message)
+            except ControlError as e:
+                log.warning("%s: %s: %s", sandbox_id, e.code, e.message)
+                on_error(e.code, e.message)
+            except Exception as e:  # a bug; keep the sandbox in a reportable state
+                log.exception("%s: operation failed", sandbox_id)
+                on_error("internal", f"{type(e).__name__}: {e}")
+
+        self._pool.submit(run)
+
+    def _fail(self, sandbox_id: str) -> Callable[[str, str], None]:
+        def on_error(code: str, message: str) -> None:
+            try:
+                self.lifecycle.transition(sandbox_id, "error", error_code=code, error_message=message)
+            except ControlError:
+                log.exception("could not record error for %s", sandbox_id)
+
+        return on_error
+
+    # lifecycle operations --------------------------------------------------------------------------------------
+    def get(self, sandbox_id: str) -> SandboxRow:
+        """The sandbox row; 404 ``not_found`` if unknown or deleted."""
+        return self.lifecycle.get(sandbox_id)
+
+    def list_sandboxes(self) -> list[SandboxRow]:
+        """Every sandbox that is not deleted, oldest first."""
+        return self.store.list_sandboxes()
+
+    def create(
+        self,
+        type: str = "small",
+        name: str | None = None,
+        ttl: int | None = None,
+        from_snapshot: str | None = None,
+        no_snapshots: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> SandboxRow:
+        """Create a sandbox of size ``type`` (a disk from the base image, or a copy of snapshot
+        ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
+
+        ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
+        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
+        size = self._size(type)
+        if name is not None and (not name.strip() or len(name) > NAME_MAX):
+            raise ControlError("invalid_name", f"name must be 1-{NAME_MAX} characters and not blank", 400)
+        if ttl is not None and ttl < 0:
+            raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
+        if from_snapshot is not None and self.store.get_snapshot(from_snapshot) is None:
+            raise not_found(f"snapshot {from_snapshot}")
+        sandbox_id = new_sandbox_id()
+        while self.store.get_sandbox(sandbox_id) is not None:
+            sandbox_id = new_sandbox_id()
+        subdomain = new_subdomain(self.store.subdomain_taken)
+        now = utcnow()
+        row = SandboxRow(
+            id=sandbox_id,
+            name=name if name is not None else subdomain,
+            type=size.name,
+            state="provisioning",
+            subdomain=subdomain,
+            ttl=DEFAULT_TTL if ttl is None else ttl,
+            env=dict(env or {}),
+            no_snapshots=no_snapshots,
+            memory_restored=None,
+            resume_reason=None,
+            has_memory=False,
+            from_snapshot=from_snapshot,
+            created_at=now,
+            updated_at=now,
+        )
+        self.store.add_sandbox(row)
+        self._on_transition(row, "")
+        spec = self._spec(row, size)
+
+        def work() -> None:
+            self.node.create(spec, from_snapshot=from_snapshot)
+            self.activity.touch(sandbox_id)
+            self.lifecycle.transition(sandbox_id, "running")
+
+        self._submit(sandbox_id, work, self._fail(sandbox_id))
+        return row
+
+    def stop(self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None) -> SandboxRow:
+        """Stop a running sandbox in the background, checkpointing its memory when ``keep_memory`` (and the
+        sandbox allows snapshots). A stopped sandbox is returned as is. Raises 404, 409 ``busy``/``invalid_state``."""
+
+        def check(row: SandboxRow) -> ControlError | None:
+            if row.state == "stopped":
+                raise _Already(row)
+            return None
+
+        try:
+            before, after = self.lifecycle.begin(
+                sandbox_id, "stopping", check, wait, error_code=None, error_message=None
+            )
+        except _Already as done:
+            return done.row
+        memory = keep_memory and not before.no_snapshots
+
+        def work() -> None:
+            wrote = self.node.stop(sandbox_id, keep_memory=memory)
+            self.lifecycle.transition(sandbox_id, "stopped", has_memory=bool(wrote))
+
+        self._submit(sandbox_id, work, self._fail(sandbox_id))
+        return after
+
+    def _resume_check(self, row: SandboxRow, size: Size | None, require_memory: bool) -> bool:
+        """Validate a resume against ``row``; returns True for a resize. Raises the rule errors."""
+        if row.no_snapshots:
+            raise ControlError(
+                "snapshots_disabled", f"sandbox {row.id} was created with --no-snapshots and cannot be resumed", 409
+            )
+        current = self._size(row.type)
+        target = size or current
+        if target.rank() < current.rank():
+            raise ControlError(
+                "invalid_resize",
+                f"cannot resize {row.id} from {current.name} to {target.name}: sizes only grow; "
+                "create a new sandbox of the smaller size (or fork) instead",
+                400,
+            )
+        resize = target.name != current.name
+        if require_memory and resize:
+            raise ControlError(
+                "invalid_require_memory",
+                "require_memory cannot be combined with a size change: a resized sandbox always boots from disk",
+                400,
+            )
+        if row.state == "running":
+            if resize:
+                raise ControlError(
+                    "invalid_state", f"sandbox {row.id} is running; stop it before resizing", 409, row.state
+                )
+            raise _Already(row)
+        if require_memory and row.state == "stopped" and not row.has_memory:
+            raise ControlError(
+                "memory_unavailable", f"sandbox {row.id} has no memory image (it was stopped without memory)", 409
+            )
+        return resize
+
+    def resume(
+        self,
+        sandbox_id: str,
+        type: str | None = None,
+        require_memory: bool = False,
+        ttl: int | None = None,
+        wait: float | None = None,
+    ) -> SandboxRow:
+        """Resume a stopped sandbox in the background, at size ``type`` if given (a resize: cold boot from disk,
+        ``memoryRestored`` false, ``resumeReason`` "resized"). A running sandbox at the same size is returned as is.
+        ``ttl`` replaces the sandbox's ttl when given. Raises 400 ``invalid_type``/``invalid_resize``/
+        ``invalid_require_memory``/``invalid_ttl``, 404, 409 ``snapshots_disabled``/``busy``/``invalid_state``/
+        ``memory_unavailable``."""
+        size = self._size(type) if type is not None else None
+        if ttl is not None and ttl < 0:
+            raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
+        current = self.get(sandbox_id)
+        if current.state not in TRANSIENT:
+            try:
+                self._resume_check(current, size, require_memory)
+            except _Already as done:
+                return done.row
+        flags: dict[str, bool] = {}
+
+        def check(row: SandboxRow) -> ControlError | None:
+            flags["resize"] = self._resume_check(row, size, require_memory)
+            return None
+
+        fields: dict[str, Any] = {"error_code": None, "error_message": None}
+        if ttl is not None:
+            fields["ttl"] = ttl
+        try:
+            before, _ = self.lifecycle.begin(sandbox_id, "resuming", check, wait, **fields)
+        except _Already as done:
+            return done.row
+        resize = flags["resize"]
+        target = size or self._size(before.type)
+        if resize:
+            after = self.store.update_sandbox(
+                sandbox_id, type=target.name, memory_restored=False, resume_reason="resized"
+            )
+        else:
+            after = self.store.update_sandbox(sandbox_id, memory_restored=None, resume_reason=None)
+        spec = self._spec(after, target)
+
+        def work() -> None:
+            try:
+                result = self.node.resume(sandbox_id, spec, cold=resize, require_memory=require_memory)
+            except NodeError as e:
+                if e.code in NODE_CONFLICT_CODES:  # refused before anything ran: still stopped
+                    self.lifecycle.transition(
+                        sandbox_id, "stopped", error_code=e.code, error_message=e.message, type=before.type,
+                        memory_restored=before.memory_restored, resume_reason=before.resume_reason,
+                    )
+                    self.add_event(
+                        sandbox_id,
+                        {"event": "error", "id": sandbox_id, "state": "stopped",
+                         "error": {"code": e.code, "message": e.message}},
+                    )
+                    return
+                raise
+            self.activity.touch(sandbox_id)
+            self.lifecycle.transition(
+                sandbox_id,
+                "running",
+                has_memory=False,
+                memory_restored=False if resize else result.memory_restored,
+                resume_reason="resized" if resize else (None if result.memory_restored else result.reason),
+            )
+
+        self._submit(sandbox_id, work, self._fail(sandbox_id))
+        return after
+
+    def fork(
+        self,
+        source_id: str,
+        type: str | None = None,
+        ttl: int | None = None,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        wait: float | None = None,
+    ) -> SandboxRow:
+        """Fork ``source_id`` (running or stopped) into a new sandbox: its disk copied copy-on-write, booted fresh
+        at ``type`` (default the source's). Returns the new row in ``forking``; the source is left as it is.
+        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404, 409 ``snapshots_disabled``/``busy``/
+        ``invalid_state``."""
+        source = self.get(source_id)
+        if source.no_snapshots:
+            raise ControlError(
+                "snapshots_disabled", f"sandbox {source_id} was created with --no-snapshots and cannot be forked", 409
+            )
+        size = self._size(type or source.type)
+        if name is not None and (not name.strip() or len(name) > NAME_MAX):
+            raise ControlError("invalid_name", f"name must be 1-{NAME_MAX} characters and not blank", 400)
+        if ttl is not None and ttl < 0:
+            raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
+        source = self.lifecycle.acquire_hold(source_id, {"running", "stopped"}, wait, "fork it")
+        try:
+            fork_id = new_sandbox_id()
+            while self.store.get_sandbox(fork_id) is not None:
+                fork_id = new_sandbox_id()
+            subdomain = new_subdomain(self.store.subdomain_taken)
+            now = utcnow()
+            row = SandboxRow(
+                id=fork_id,
+                name=name if name is not None else f"{source.name} (fork)",
+                type=size.name,
+                state="forking",
+                subdomain=subdomain,
+                ttl=self.settings.fork_default_ttl if ttl is None else ttl,
+                env=dict(source.env if env is None else env),
+                no_snapshots=False,
+                memory_restored=None,
+                resume_reason=None,
+                has_memory=False,
+                source_id=source_id,
+                created_at=now,
+                updated_at=now,
+            )
+            self.store.add_sandbox(row)
+            self._on_transition(row, "")
+        except BaseException:
+            self.lifecycle.release_hold(source_id)
+            raise
+        spec = self._spec(row, size)
+
+        def work() -> None:
+            try:
+                self.lifecycle.transition(fork_id, "provisioning")
+                self.node.fork(source_id, spec)
+            finally:
+                self.lifecycle.release_hold(source_id)
+            self.activity.touch(fork_id)
+            self.lifecycle.transition(fork_id, "running")
+
+        self._submit(fork_id, work, self._fail(fork_id))
+        return row
+
+    def delete(self, sandbox_id: str, wait: float | None = None) -> SandboxRow:
+        """Delete a sandbox (and its automatic snapshots) in the background; returns the row in ``deleting``.
+        Named snapshots made from it stay. Raises 404, 409 ``busy``."""
+        _, after = self.lifecycle.begin(sandbox_id, "deleting", None, wait, error_code=None, error_message=None)
+
+        def work() -> None:
+            self.node.delete(sandbox_id)
+            for snap in self.store.list_snapshots(sandbox_id, auto=True):
+                try:
+                    self.node.delete_snapshot(snap.name)
+                except NodeError as e:
+                    log.warning("could not delete snapshot %s: %s", snap.name, e)
+                self.store.delete_snapshot(snap.name)
+            self.activity.forget(sandbox_id)
+            self.lifecycle.transition(sandbox_id, "deleted")
+
+        self._submit(sandbox_id, work, self._fail(sandbox_id))
+        return after
+
+    def wait_settled(self, sandbox_id: str, timeout: float = 600.0) -> SandboxRow:
+        """Block until the sandbox leaves its transient state (at most ``timeout`` seconds); return the row.
+
+        Raises the operation's error when it failed (the row's ``error_code``), 409 ``busy`` on timeout, 404 if
+        unknown. A deleted sandbox is returned (state ``deleted``)."""
+        deadline = time.monotonic() + timeout
+        with self.lifecycle.cond:
+            while True:
+                row = self.store.get_sandbox(sandbox_id)
+                if row is None:
+                    raise not_found(f"sandbox {sandbox_id}")
+                if row.state not in TRANSIENT:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ControlError("busy", f"sandbox {sandbox_id} is still {row.state}", 409, row.state)
+                self.lifecycle.cond.wait(min(remaining, 1.0))
+        if row.error_code:
+            raise from_node(row.error_code, row.error_message or row.error_code)
+        return row
+
+    # snapshots -------------------------------------------------------------------------------------------------
+    def snapshot(self, sandbox_id: str, name: str, auto: bool = False, wait: float | None = None) -> SnapshotRow:
+        """Seal a named copy of the sandbox's disk (running or stopped). Raises 400 ``invalid_snapshot_name``
+        (blank, over 63 characters, or characters outside ``A-Z a-z 0-9 . _ -``), 404, 409 ``snapshot_exists``/
+        ``snapshots_disabled``/``busy``/``invalid_state``."""
+        if not SNAPSHOT_NAME_RE.match(name or ""):
+            raise ControlError(
+                "invalid_snapshot_name",
+                "snapshot names are 1-63 characters: letters, digits, '.', '_' or '-', starting with a letter or digit",
+                400,
+            )
+        row = self.get(sandbox_id)
+        if row.no_snapshots:
+            raise ControlError(
+                "snapshots_disabled", f"sandbox {sandbox_id} was created with --no-snapshots", 409
+            )
+        with self.lifecycle.hold(sandbox_id, {"running", "stopped"}, wait, "snapshot it"), self._snap_lock:
+            if self.store.get_snapshot(name) is not None:
+                raise ControlError("snapshot_exists", f"a snapshot named {name!r} already exists", 409)
+            try:
+                info = self.node.snapshot(sandbox_id, name)
+            except NodeError as e:
+                raise from_node(e.code, e.message) from None
+            return self.store.add_snapshot(
+                SnapshotRow(name=name, sandbox_id=sandbox_id, auto=auto, size_mib=info.size_mib, created_at=utcnow())
+            )
+
+    def snapshots(self, sandbox_id: str | None = None) -> list[SnapshotRow]:
+        """Snapshots, oldest first, optionally only those of ``sandbox_id`` (404 if that sandbox is unknown)."""
+        if sandbox_id is not None and self.store.get_sandbox(sandbox_id) is None:
+            raise not_found(f"sandbox {sandbox_id}")
+        return self.store.list_snapshots(sandbox_id)
+
+    def delete_snapshot(self, name: str) -> None:
+        """Remove snapshot ``name``; 404 ``not_found`` if there is none."""
+        with self._snap_lock:
+            if self.store.get_snapshot(name) is None:
+                raise not_found(f"snapshot {name}")
+            try:
+                self.node.delete_snapshot(name)
+            except NodeError as e:
+                if e.code != "not_found":
+                    raise from_node(e.code, e.message) from None
+            self.store.delete_snapshot(name)
+
+    # exec and jobs ---------------------------------------------------------------------------------------------
+    def exec(
+        self,
+        sandbox_id: str,
+        command: str,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,
+        user: str = "user",
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Run ``command`` in the sandbox (waiting for a provisioning/resuming one to be running). Checks happen
+        now (404, 409 ``not_running``/``busy``); the returned iterator then yields ``{"stream": "stdout"|"stderr",
+        "data": text}`` pieces (UTF-8, invalid bytes replaced) and finally ``{"exit_code": N, "timed_out": bool}``
+        (or ``{"error": {"code","message"}}`` if the node fails mid-way). The run counts as activity."""
+        if not command:
+            raise ControlError("invalid_request", "command must not be empty", 422)
+        self.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, self.lifecycle.wait))
+        self.activity.begin(sandbox_id)
+        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd)
+
+    def _exec(
+        self, sandbox_id: str, command: str, timeout: float | None, user: str, env: dict[str, str] | None,
+        cwd: str | None,
+    ) -> Iterator[dict[str, Any]]:
+        decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
+        try:
+            for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd):
+                self.activity.touch(sandbox_id)
+                if ev.kind == "exit":
+                    for kind, dec in decoders.items():
+                        tail = dec.decode(b"", final=True)
+                        if tail:
+                            yield {"stream": kind, "data": tail}
+                    yield {"exit_code": ev.exit_code, "timed_out": ev.timed_out}
+                    return
+                text = decoders[ev.kind].decode(ev.data)
+                if text:
+                    yield {"stream": ev.kind, "data": text}
+            yield {"error": {"code": "exec_failed", "message": "the command ended without an exit status"}}
+        except NodeError as e:
+            yield {"error": {"code": e.code, "message": e.message}}
+        finally:
+            self.activity.end(sandbox_id)
+
+    def exec_detached(self, sandbox_id: str, command: str, user: str = "user") -> JobInfo:
+        """Start ``command`` as a detached job; returns its :class:`JobInfo`. Raises 404, 409 ``not_running``."""
+        if not command:
+            raise ControlError("invalid_request", "command must not be empty", 422)
+        self.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, self.lifecycle.wait))
+        self.activity.touch(sandbox_id)
+        try:
+            return self.node.exec_detached(sandbox_id, command, user=user)
+        except NodeError as e:
+            raise from_node(e.code, e.message) from None
+
+    def jobs(self, sandbox_id: str) -> list[JobInfo]:
+        """The sandbox's detached jobs, oldest first (empty when it is not running)."""
+        row = self.get(sandbox_id)
+        if row.state != "running":
+            return []
+        try:
+            return self.node.jobs(sandbox_id)
+        except NodeError as e:
+            raise from_node(e.code, e.message) from None
+
+    def job(self, sandbox_id: str, job_id: str) -> JobInfo:
+        """One job; 404 ``not_found`` if the sandbox or job is unknown."""
+        for job in self.jobs(sandbox_id):
+            if job.id == job_id:
+                return job
+        raise not_found(f"job {job_id}")
+
+    def job_logs(
+        self, sandbox_id: str, job_id: str, follow: bool = False, poll: float = 0.25,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> Iterator[dict[str, Any]]:
+        """A job's output as exec-style lines (``{"stream","data"}``), then ``{"exit_code": N, "timed_out":
+        false}`` once it has ended. With ``follow``, keeps streaming until the job ends (this counts as activity).
+        Raises 404 for an unknown sandbox or job."""
+        self.job(sandbox_id, job_id)
+        return self._job_logs(sandbox_id, job_id, follow, poll, stop)
+
+    def _job_logs(
+        self, sandbox_id: str, job_id: str, follow: bool, poll: float, stop: Callable[[], bool]
+    ) -> Iterator[dict[str, Any]]:
+        offsets = {"stdout": 0, "stderr": 0}
+        decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in offsets}
+        if follow:
+            self.activity.begin(sandbox_id)
+        try:
+            while True:
+                try:
+                    job = self.job(sandbox_id, job_id)
+                except ControlError:
+                    return
+                for kind in offsets:
+                    try:
+                        data = self.node.job_output(sandbox_id, job_id, kind, offsets[kind])
+                    except NodeError as e:
+                        yield {"error": {"code": e.code, "message": e.message}}
+                        return
+                    offsets[kind] += len(data)
+                    text = decoders[kind].decode(data, final=not job.running)
+                    if text:
+                        yield {"stream": kind, "data": text}
+                if not job.running:
+                    yield {"exit_code": job.exit_code, "timed_out": False}
+                    return
+                if not follow or stop():
+                    return
+                self.activity.touch(sandbox_id)
+                time.sleep(poll)
+        finally:
+            if follow:
+                self.activity.end(sandbox_id)
+
+    def job_wait(self, sandbox_id: str, job_id: str, timeout: float = 300.0, poll: float = 0.25) -> JobInfo:
+        """Wait until the job ends (at most ``timeout`` seconds; the job may still be running then)."""
+        deadline = time.monotonic() + timeout
+        self.activity.begin(sandbox_id)
+        try:
+            while True:
+                job = self.job(sandbox_id, job_id)
+                if not job.running or time.monotonic() >= deadline:
+                    return job
+                time.sleep(poll)
+        finally:
+            self.activity.end(sandbox_id)
+
+    # start / stop ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Reconcile the store with what the node has (call once, after ``node.prepare``): sandboxes left in a
+        transient state by a crash settle to what the node reports; a deletion in flight is finished."""
+        rows = self.store.list_sandboxes()
+        found = self.node.reconcile({r.id: r.state for r in rows})
+        for row in rows:
+            status = found.get(row.id, "absent")
+            if row.state == "deleting":
+                self.store.update_sandbox(row.id, state="error", error_code=None, error_message=None)
+                self.delete(row.id, wait=0)
+                continue
+            target = {"running": "running", "checkpointed": "stopped", "stopped": "stopped"}.get(status)
+            if target is None:
+                if row.state != "error":
+                    self.store.update_sandbox(
+                        row.id, state="error", error_code="lost", error_message="the node has no trace of it"
+                    )
+                    self._on_transition(self.store.get_sandbox(row.id) or row, row.state)
+                continue
+            if row.state != target:
+                updated = self.store.update_sandbox(row.id, state=target, has_memory=status == "checkpointed")
+                self._on_transition(updated, row.state)
+            if target == "running":
+                self.activity.touch(row.id)
+
+    def close(self) -> None:
+        """Finish operations in flight and release the database."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self.store.close()

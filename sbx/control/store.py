@@ -1,0 +1,229 @@
+"""Persistent state of the control plane: sandboxes, snapshots and events, in SQL through SQLAlchemy 2.
+
+The database lives at ``settings.db_url`` (SQLite by default: ``<state_dir>/sbx.db``). The schema is created and
+upgraded by the alembic migrations in ``sbx/control/migrations`` (:func:`migrate`), run programmatically when
+the :class:`Store` opens. Only portable column types are used so the same migrations work on PostgreSQL.
+
+Every method opens its own short session, so the store may be used from any thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` as aware UTC (SQLite hands back naive datetimes; they are stored as UTC)."""
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    """ISO 8601 UTC with a ``Z`` suffix and millisecond precision, e.g. ``2026-10-27T02:05:38.120Z``."""
+    if value is None:
+        return None
+    return as_utc(value).strftime("%Y-%m-%dT%H:%M:%S.") + f"{as_utc(value).microsecond // 1000:03d}Z"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SandboxRow(Base):
+    """One sandbox. ``state`` is one of :data:`sbx.control.state.STATES`; ``ttl`` is seconds of inactivity before
+    an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image."""
+
+    __tablename__ = "sandboxes"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    type: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    subdomain: Mapped[str] = mapped_column(String(80), unique=True)
+    ttl: Mapped[int] = mapped_column(Integer, default=0)
+    env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    no_snapshots: Mapped[bool] = mapped_column(Boolean, default=False)
+    memory_restored: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    resume_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    has_memory: Mapped[bool] = mapped_column(Boolean, default=False)
+    source_id: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    from_snapshot: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SnapshotRow(Base):
+    """A named, sealed copy of a sandbox's disk. ``auto`` marks the reaper's periodic snapshots."""
+
+    __tablename__ = "snapshots"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sandbox_id: Mapped[str] = mapped_column(String(16), index=True)
+    auto: Mapped[bool] = mapped_column(Boolean, default=False)
+    size_mib: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class EventRow(Base):
+    """One lifecycle event of a sandbox; ``seq`` orders all events; ``payload`` is the JSON event line."""
+
+    __tablename__ = "events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sandbox_id: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+def alembic_config(url: str) -> Config:
+    """An alembic :class:`Config` for our migrations against ``url`` (no ini file needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the database behind ``engine`` to the newest migration (``alembic upgrade head``)."""
+    cfg = alembic_config(str(engine.url))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Store:
+    """Rows of the control plane. ``url`` is a SQLAlchemy URL (``sqlite:///path``); the parent folder of a SQLite
+    file is created. Opening runs the migrations."""
+
+    def __init__(self, url: str):
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            self.engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.close()
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        migrate(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    def session(self) -> Session:
+        return self._sessions()
+
+    # sandboxes -------------------------------------------------------------------------------------------------
+    def add_sandbox(self, row: SandboxRow) -> SandboxRow:
+        """Insert a new sandbox row and return it."""
+        with self.session() as s, s.begin():
+            s.add(row)
+        return row
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
+        """The sandbox row, or None (deleted rows are returned too; callers decide)."""
+        with self.session() as s:
+            return s.get(SandboxRow, sandbox_id)
+
+    def list_sandboxes(self, include_deleted: bool = False) -> list[SandboxRow]:
+        """All sandboxes, oldest first."""
+        with self.session() as s:
+            q = select(SandboxRow).order_by(SandboxRow.created_at)
+            if not include_deleted:
+                q = q.where(SandboxRow.state != "deleted")
+            return list(s.scalars(q))
+
+    def update_sandbox(self, sandbox_id: str, **fields: Any) -> SandboxRow:
+        """Set ``fields`` on the sandbox and bump ``updated_at``; returns the new row. Raises KeyError if absent."""
+        with self.session() as s, s.begin():
+            row = s.get(SandboxRow, sandbox_id)
+            if row is None:
+                raise KeyError(sandbox_id)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.updated_at = utcnow()
+        return row
+
+    def subdomain_taken(self, subdomain: str) -> bool:
+        with self.session() as s:
+            return s.scalar(select(SandboxRow.id).where(SandboxRow.subdomain == subdomain)) is not None
+
+    # snapshots -------------------------------------------------------------------------------------------------
+    def add_snapshot(self, row: SnapshotRow) -> SnapshotRow:
+        with self.session() as s, s.begin():
+            s.add(row)
+        return row
+
+    def get_snapshot(self, name: str) -> SnapshotRow | None:
+        with self.session() as s:
+            return s.get(SnapshotRow, name)
+
+    def list_snapshots(self, sandbox_id: str | None = None, auto: bool | None = None) -> list[SnapshotRow]:
+        """Snapshots, oldest first, optionally of one sandbox and/or only (non-)automatic ones."""
+        with self.session() as s:
+            q = select(SnapshotRow).order_by(SnapshotRow.created_at, SnapshotRow.name)
+            if sandbox_id is not None:
+                q = q.where(SnapshotRow.sandbox_id == sandbox_id)
+            if auto is not None:
+                q = q.where(SnapshotRow.auto == auto)
+            return list(s.scalars(q))
+
+    def delete_snapshot(self, name: str) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(SnapshotRow, name)
+            if row is not None:
+                s.delete(row)
+
+    # events ----------------------------------------------------------------------------------------------------
+    def add_event(self, sandbox_id: str, payload: dict[str, Any]) -> int:
+        """Append an event; returns its ``seq``."""
+        row = EventRow(sandbox_id=sandbox_id, created_at=utcnow(), payload=payload)
+        with self.session() as s, s.begin():
+            s.add(row)
+            s.flush()
+            return int(row.seq)
+
+    def events(self, sandbox_id: str, after: int = 0) -> list[EventRow]:
+        """Events of a sandbox with ``seq > after``, in order."""
+        with self.session() as s:
+            q = (
+                select(EventRow)
+                .where(EventRow.sandbox_id == sandbox_id, EventRow.seq > after)
+                .order_by(EventRow.seq)
+            )
+            return list(s.scalars(q))
+
+    def bulk_states(self, rows: Iterable[SandboxRow]) -> dict[str, str]:
+        return {r.id: r.state for r in rows}

@@ -1,0 +1,299 @@
+"""The SDK's HTTP calls, written once without I/O ("sans-IO") and shared by the sync and async clients.
+
+Each operation is a generator: it yields :class:`Request` objects, receives a :class:`Response` for each, and
+returns the parsed result. :mod:`sbx.sdk.client` drives these generators with an ``httpx.Client`` or an
+``httpx.AsyncClient``; nothing here touches the network.
+
+Streaming requests (NDJSON) hand each parsed line to ``Request.on_line`` as it arrives; returning True from it
+stops reading.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sbx.sdk.errors import SbxError
+
+LineHandler = Callable[[dict[str, Any]], bool | None]
+Call = Generator["Request", "Response", Any]
+
+WAIT_TIMEOUT = 900.0
+"""Seconds the server may take to finish a long operation when waiting for it."""
+
+
+@dataclass
+class Request:
+    """One HTTP call: ``method``, ``path`` (from the server root), JSON ``body``, query ``params``; ``stream`` for
+    NDJSON answers (lines go to ``on_line``); ``timeout`` is the read timeout in seconds (None = unlimited)."""
+
+    method: str
+    path: str
+    body: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    on_line: LineHandler | None = None
+    timeout: float | None = 60.0
+
+
+@dataclass
+class Response:
+    """The status and, for non-streaming requests, the decoded JSON body."""
+
+    status: int
+    body: Any = None
+
+
+@dataclass
+class ExecResult:
+    """The outcome of :meth:`Sandbox.exec`: all ``stdout`` and ``stderr`` text, the command's ``exit_code``
+    (124 after a timeout, 137 when it was SIGKILLed, e.g. for memory), and ``timed_out``."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+
+
+def error_from(status: int, raw: bytes) -> SbxError:
+    """Turn an error answer (``{"error": {"code", "message"}}``) into :class:`SbxError`."""
+    try:
+        err = json.loads(raw)["error"]
+        return SbxError(str(err["code"]), str(err.get("message", "")), status)
+    except (ValueError, KeyError, TypeError):
+        text = raw.decode("utf-8", "replace").strip()[:200]
+        return SbxError("bad_response", f"HTTP {status}: {text}", status)
+
+
+def parse_line(raw: str) -> dict[str, Any] | None:
+    """One NDJSON line as a dict (None for a blank line)."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise SbxError("bad_response", f"not a JSON line: {raw[:100]}") from None
+    if not isinstance(obj, dict):
+        raise SbxError("bad_response", f"not a JSON object: {raw[:100]}")
+    return obj
+
+
+def _clean(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _wait_params(wait: bool) -> dict[str, Any]:
+    return {"wait": "true", "timeout": WAIT_TIMEOUT} if wait else {}
+
+
+def _sandbox(resp: Response) -> dict[str, Any]:
+    try:
+        return dict(resp.body["sandbox"])
+    except (TypeError, KeyError):
+        raise SbxError("bad_response", "answer has no sandbox", resp.status) from None
+
+
+def _long_timeout(wait: bool) -> float | None:
+    return WAIT_TIMEOUT + 30 if wait else 90.0
+
+
+# sandboxes ---------------------------------------------------------------------------------------------------
+def create(
+    type: str = "small",
+    name: str | None = None,
+    ttl: int | None = None,
+    from_snapshot: str | None = None,
+    no_snapshots: bool = False,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+) -> Call:
+    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``)."""
+    body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env})
+    if no_snapshots:
+        body["noSnapshots"] = True
+    resp = yield Request("POST", "/v1/sandboxes", body, _wait_params(wait), timeout=_long_timeout(wait))
+    return _sandbox(resp)
+
+
+def get(sandbox_id: str) -> Call:
+    """``GET /v1/sandboxes/{id}``; returns the sandbox dict."""
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}")
+    return _sandbox(resp)
+
+
+def list_sandboxes() -> Call:
+    """``GET /v1/sandboxes``; returns a list of sandbox dicts."""
+    resp = yield Request("GET", "/v1/sandboxes")
+    return list(resp.body["sandboxes"])
+
+
+def stop(sandbox_id: str, keep_memory: bool = True, wait: bool = True) -> Call:
+    """``POST /v1/sandboxes/{id}/stop``; returns the sandbox dict."""
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/stop", {"keepMemory": keep_memory},
+                         _wait_params(wait), timeout=_long_timeout(wait))
+    return _sandbox(resp)
+
+
+def resume(
+    sandbox_id: str, type: str | None = None, require_memory: bool = False, ttl: int | None = None,
+    wait: bool = True,
+) -> Call:
+    """``POST /v1/sandboxes/{id}/resume``; returns the sandbox dict."""
+    body = _clean({"type": type, "ttl": ttl})
+    if require_memory:
+        body["requireMemory"] = True
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/resume", body, _wait_params(wait),
+                         timeout=_long_timeout(wait))
+    return _sandbox(resp)
+
+
+def fork(
+    sandbox_id: str, type: str | None = None, ttl: int | None = None, name: str | None = None,
+    env: dict[str, str] | None = None, wait: bool = True,
+) -> Call:
+    """``POST /v1/sandboxes/{id}/fork``; returns the fork's sandbox dict."""
+    body = _clean({"type": type, "ttl": ttl, "name": name, "env": env})
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/fork", body, _wait_params(wait),
+                         timeout=_long_timeout(wait))
+    return _sandbox(resp)
+
+
+def delete(sandbox_id: str, wait: bool = True) -> Call:
+    """``DELETE /v1/sandboxes/{id}``; returns the sandbox dict (state ``deleted`` when ``wait``)."""
+    resp = yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}", None, _wait_params(wait),
+                         timeout=_long_timeout(wait))
+    return _sandbox(resp)
+
+
+def events(
+    sandbox_id: str, after: int = 0, follow: bool = False, until_settled: bool = False,
+    on_event: LineHandler | None = None,
+) -> Call:
+    """``GET /v1/sandboxes/{id}/events``; returns the list of event dicts (each also passed to ``on_event``)."""
+    got: list[dict[str, Any]] = []
+
+    def on_line(obj: dict[str, Any]) -> bool | None:
+        got.append(obj)
+        return on_event(obj) if on_event else None
+
+    params: dict[str, Any] = {"after": after}
+    if until_settled:
+        params["until"] = "settled"
+    elif follow:
+        params["follow"] = "true"
+    yield Request("GET", f"/v1/sandboxes/{sandbox_id}/events", None, params, stream=True, on_line=on_line,
+                  timeout=None if (follow or until_settled) else 60.0)
+    return got
+
+
+# snapshots ---------------------------------------------------------------------------------------------------
+def snapshot(sandbox_id: str, name: str) -> Call:
+    """``POST /v1/sandboxes/{id}/snapshot``; returns the snapshot dict."""
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/snapshot", {"name": name})
+    return dict(resp.body["snapshot"])
+
+
+def snapshots(sandbox_id: str | None = None) -> Call:
+    """``GET /v1/snapshots``; returns snapshot dicts, optionally only ``sandbox_id``'s."""
+    params = {"sandbox": sandbox_id} if sandbox_id else {}
+    resp = yield Request("GET", "/v1/snapshots", None, params)
+    return list(resp.body["snapshots"])
+
+
+def delete_snapshot(name: str) -> Call:
+    """``DELETE /v1/snapshots/{name}``."""
+    yield Request("DELETE", f"/v1/snapshots/{name}")
+    return None
+
+
+# exec and jobs -----------------------------------------------------------------------------------------------
+class ExecCollector:
+    """Accumulates exec-style NDJSON lines into an :class:`ExecResult`, passing text to optional callbacks as it
+    comes. An ``{"error": ...}`` line raises :class:`SbxError`."""
+
+    def __init__(
+        self, on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None
+    ):
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.exit_code: int | None = None
+        self.timed_out = False
+        self.on_stdout = on_stdout
+        self.on_stderr = on_stderr
+
+    def __call__(self, obj: dict[str, Any]) -> bool | None:
+        if "error" in obj:
+            err = obj["error"]
+            raise SbxError(str(err.get("code", "exec_failed")), str(err.get("message", "")), 200)
+        if "exit_code" in obj:
+            self.exit_code = int(obj["exit_code"])
+            self.timed_out = bool(obj.get("timed_out", False))
+            return True
+        data = str(obj.get("data", ""))
+        if obj.get("stream") == "stderr":
+            self.err.append(data)
+            if self.on_stderr:
+                self.on_stderr(data)
+        else:
+            self.out.append(data)
+            if self.on_stdout:
+                self.on_stdout(data)
+        return None
+
+    def result(self) -> ExecResult:
+        if self.exit_code is None:
+            raise SbxError("exec_failed", "the output ended without an exit status")
+        return ExecResult("".join(self.out), "".join(self.err), self.exit_code, self.timed_out)
+
+
+def exec_(
+    sandbox_id: str, command: str, timeout: float | None = 30.0, user: str = "user",
+    env: dict[str, str] | None = None, cwd: str | None = None,
+    on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None,
+) -> Call:
+    """``POST /v1/sandboxes/{id}/exec``; returns an :class:`ExecResult` (a non-zero exit does not raise)."""
+    collector = ExecCollector(on_stdout, on_stderr)
+    body = _clean({"command": command, "user": user, "env": env, "cwd": cwd})
+    body["timeout"] = timeout
+    read_timeout = None if not timeout else timeout + 300.0
+    yield Request("POST", f"/v1/sandboxes/{sandbox_id}/exec", body, stream=True, on_line=collector,
+                  timeout=read_timeout)
+    return collector.result()
+
+
+def exec_detached(sandbox_id: str, command: str, user: str = "user") -> Call:
+    """``POST /v1/sandboxes/{id}/jobs``; returns the job dict (``id``, ``command``, ``running``, ...)."""
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/jobs", {"command": command, "user": user},
+                         timeout=300.0)
+    return dict(resp.body["job"])
+
+
+def jobs(sandbox_id: str) -> Call:
+    """``GET /v1/sandboxes/{id}/jobs``; returns job dicts."""
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/jobs")
+    return list(resp.body["jobs"])
+
+
+def job_logs(
+    sandbox_id: str, job_id: str, follow: bool = False,
+    on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None,
+) -> Call:
+    """``GET .../jobs/{job}/logs``; returns an :class:`ExecResult` when the job has ended, else a partial one with
+    ``exit_code`` -1."""
+    collector = ExecCollector(on_stdout, on_stderr)
+    params = {"follow": "true"} if follow else {}
+    yield Request("GET", f"/v1/sandboxes/{sandbox_id}/jobs/{job_id}/logs", None, params, stream=True,
+                  on_line=collector, timeout=None if follow else 60.0)
+    if collector.exit_code is None:
+        return ExecResult("".join(collector.out), "".join(collector.err), -1)
+    return collector.result()
+
+
+def job_wait(sandbox_id: str, job_id: str, timeout: float = 300.0) -> Call:
+    """``GET .../jobs/{job}/wait``; returns the job dict (``running`` may still be true after ``timeout``)."""
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/jobs/{job_id}/wait", None, {"timeout": timeout},
+                         timeout=timeout + 60.0)
+    return dict(resp.body["job"])

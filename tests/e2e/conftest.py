@@ -1,0 +1,121 @@
+"""Fixtures for end-to-end tests on real sandboxes: ``server`` runs `sbx server` as a subprocess (as root) with the
+test profile, its own state dir, node name, bridge, subnet and port, and HOME in a temp dir so the client config it
+writes lands there. ``sbx`` runs the CLI as a subprocess against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+VENV_BIN = Path(sys.executable).parent
+SBX = str(VENV_BIN / "sbx")
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    env: dict[str, str]
+    home: Path
+    log: Path
+
+    def sbx(self, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run ``sbx ARGS`` with this server's client config; returns the completed process (text)."""
+        r = subprocess.run([SBX, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"sbx {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def api(self, method: str, path: str) -> dict:  # type: ignore[type-arg]
+        req = urllib.request.Request(self.url + path, method=method,
+                                     headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if os.geteuid() != 0:
+        pytest.fail("end-to-end tests boot real sandboxes and must run as root")
+    tmp = tmp_path_factory.mktemp("sbx-ctl-e2e")
+    port = _free_port()
+    env = {
+        **os.environ,
+        "SBX_PROFILE": "test",
+        "SBX_STATE_DIR": str(tmp / "state"),
+        "SBX_NODE_NAME": "e2e",
+        "SBX_BRIDGE": "sbxe2e0",
+        "SBX_SUBNET": "10.89.0.0/16",
+        "SBX_PORT": str(port),
+        "SBX_AUTO_SNAPSHOT_SECONDS": "0",
+        "HOME": str(tmp / "home"),
+        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    }
+    for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOME"):
+        env.pop(key, None)
+    log = tmp / "server.log"
+    with log.open("wb") as logf:
+        proc = subprocess.Popen([SBX, "server"], env=env, stdout=logf, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900  # the first start may build the base image
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"sbx server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"sbx server did not answer:\n{log.read_text()[-4000:]}")
+            time.sleep(0.5)
+    cfg = tomllib.loads((tmp / "home" / ".config" / "sbx" / "config.toml").read_text())
+    assert cfg["url"] == url
+    srv = Server(url=url, token=cfg["token"], env=env, home=tmp / "home", log=log)
+    try:
+        yield srv
+    finally:
+        try:
+            for sb in srv.api("GET", "/v1/sandboxes")["sandboxes"]:
+                srv.api("DELETE", f"/v1/sandboxes/{sb['id']}?wait=true")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+        _cleanup_host(env)
+        assert code == 0, f"sbx server did not stop cleanly ({code}):\n{log.read_text()[-4000:]}"
+
+
+def _cleanup_host(env: dict[str, str]) -> None:
+    """Remove what the test server left on the host: its bridge and nftables table, and its node folder."""
+    import shutil
+
+    from sbx.config import load_settings
+    from sbx.node.network import remove_bridge
+
+    settings = load_settings(node_name=env["SBX_NODE_NAME"], bridge=env["SBX_BRIDGE"], subnet=env["SBX_SUBNET"],
+                             profile="test")
+    remove_bridge(settings.bridge, settings.node_name)
+    if not any((settings.node_dir / "sandboxes").glob("*")):
+        shutil.rmtree(settings.node_dir, ignore_errors=True)

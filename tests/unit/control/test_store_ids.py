@@ -1,0 +1,63 @@
+"""Store migrations and rows; ids, subdomains and word lists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sqlalchemy import inspect, text
+
+from sbx.control import words
+from sbx.control.ids import ID_RE, new_sandbox_id, new_subdomain, sandbox_url
+from sbx.control.store import Store, iso, utcnow
+
+
+def test_migrations_create_the_schema_and_reopen_cleanly(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db' / 'sbx.db'}"
+    s = Store(url)
+    assert {"sandboxes", "snapshots", "events", "alembic_version"} <= set(inspect(s.engine).get_table_names())
+    with s.engine.connect() as c:
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0001"
+    s.add_event("sb_x", {"event": "state"})
+    s.close()
+    again = Store(url)
+    assert [e.payload for e in again.events("sb_x")] == [{"event": "state"}]
+    again.close()
+
+
+def test_events_are_ordered_and_filtered_by_seq(store: Store) -> None:
+    seqs = [store.add_event("sb_a", {"n": i}) for i in range(3)]
+    store.add_event("sb_b", {"n": 99})
+    assert [e.payload["n"] for e in store.events("sb_a")] == [0, 1, 2]
+    assert [e.payload["n"] for e in store.events("sb_a", after=seqs[0])] == [1, 2]
+
+
+def test_iso_times_are_utc_with_z() -> None:
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", iso(utcnow()) or "")
+
+
+def test_ids_and_subdomains() -> None:
+    ids = {new_sandbox_id() for _ in range(200)}
+    assert len(ids) == 200 and all(ID_RE.match(i) for i in ids)
+    sub = new_subdomain()
+    first, second, animal = sub.split("-")
+    assert first in words.ADJECTIVES and second in words.ADJECTIVES and first != second
+    assert animal in words.ANIMALS
+    assert sandbox_url(sub, "box.example") == f"https://{sub}.box.example"
+
+
+def test_subdomain_skips_taken_names() -> None:
+    seen: list[str] = []
+
+    def taken(name: str) -> bool:
+        seen.append(name)
+        return len(seen) < 5
+
+    name = new_subdomain(taken)
+    assert name == seen[-1] and len(seen) == 5
+
+
+def test_word_lists_are_big_unique_and_dns_safe() -> None:
+    for lst in (words.ADJECTIVES, words.ANIMALS):
+        assert len(lst) >= 60 and len(set(lst)) == len(lst)
+        assert all(re.fullmatch(r"[a-z]+", w) for w in lst)
