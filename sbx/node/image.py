@@ -41,7 +41,7 @@ SIZE_ROUND = 64 * 1024 * 1024
 #: Floor for the image size in bytes, so a tiny rootfs still gets room for ext4's own metadata.
 MIN_SIZE = 256 * 1024 * 1024
 #: Filesystem label of every base image.
-FS_LABEL = "sbx-root"
+FS_LABEL = str(recipe.FILESYSTEM["label"])
 
 
 class ImageError(NodeError):
@@ -424,10 +424,12 @@ def _content_bytes(rootfs: Path) -> int:
 
 
 def _mkfs(rootfs: Path, out: Path, size: int) -> None:
+    fs = recipe.FILESYSTEM
     with open(out, "wb") as f:
         f.truncate(size)
     _run(
-        ["mkfs.ext4", "-q", "-F", "-L", FS_LABEL, "-d", str(rootfs), "-E", "root_owner=0:0", str(out)],
+        ["mkfs.ext4", "-q", "-F", "-L", FS_LABEL, "-b", str(fs["block_size"]), "-i", str(fs["bytes_per_inode"]),
+         "-I", str(fs["inode_size"]), "-d", str(rootfs), "-E", "root_owner=0:0", str(out)],
         "mkfs.ext4",
     )
     _run(["e2fsck", "-f", "-n", str(out)], "e2fsck")
