@@ -19,7 +19,7 @@ from rich.console import Console
 
 from sbx.sdk import Client, SbxError
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])

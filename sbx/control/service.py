@@ -28,10 +28,12 @@ from typing import Any
 
 from sbx.config import Settings, Size
 from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, from_node, not_found
+from sbx.control.files import Files
 from sbx.control.ids import new_sandbox_id, new_subdomain, sandbox_url
+from sbx.control.routes import Routes
 from sbx.control.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
 from sbx.control.store import SandboxRow, SnapshotRow, Store, iso, utcnow
-from sbx.node.types import JobInfo, NodeAgent, NodeError, SandboxSpec, Stats
+from sbx.node.types import JobInfo, NodeAgent, NodeError, SandboxSpec, SnapshotInfo, Stats
 
 log = logging.getLogger("sbx.control")
 
@@ -98,14 +100,20 @@ class Activity:
 
 
 def _stats_view(stats: Stats | None) -> dict[str, Any]:
+    """The API shape of a stats sample: ``{"memoryTotalMb","memoryUsedMb","cpuPercent","diskUsedMb","oomKills",
+    "diskAllocatedBytes","diskUniqueBytes"}``; the last two are the disk image's bytes on the volume (shared ones
+    included) and the bytes only it holds (what deleting the sandbox frees). All zero without a sample."""
     if stats is None:
-        return {"memoryTotalMb": 0, "memoryUsedMb": 0, "cpuPercent": 0.0, "diskUsedMb": 0, "oomKills": 0}
+        return {"memoryTotalMb": 0, "memoryUsedMb": 0, "cpuPercent": 0.0, "diskUsedMb": 0, "oomKills": 0,
+                "diskAllocatedBytes": 0, "diskUniqueBytes": 0}
     return {
         "memoryTotalMb": stats.memory_total_mb,
         "memoryUsedMb": stats.memory_used_mb,
         "cpuPercent": round(float(stats.cpu_percent), 1),
         "diskUsedMb": stats.disk_used_mb,
         "oomKills": stats.oom_kills,
+        "diskAllocatedBytes": stats.disk_allocated_bytes,
+        "diskUniqueBytes": stats.disk_unique_bytes,
     }
 
 
@@ -120,14 +128,18 @@ def job_view(job: JobInfo) -> dict[str, Any]:
     }
 
 
-def snapshot_view(row: SnapshotRow) -> dict[str, Any]:
-    """The API shape of a snapshot: ``{"name","sandboxId","auto","sizeMB","createdAt"}``."""
+def snapshot_view(row: SnapshotRow, info: SnapshotInfo | None = None) -> dict[str, Any]:
+    """The API shape of a snapshot: ``{"name","sandboxId","auto","sizeMB","createdAt","allocatedBytes",
+    "uniqueBytes"}``: bytes its image maps on the volume (shared ones included) and bytes only it holds (what
+    deleting it frees), from the node's ``info`` (0 when unknown)."""
     return {
         "name": row.name,
         "sandboxId": row.sandbox_id,
         "auto": row.auto,
         "sizeMB": row.size_mib,
         "createdAt": iso(row.created_at),
+        "allocatedBytes": info.allocated_bytes if info else 0,
+        "uniqueBytes": info.unique_bytes if info else 0,
     }
 
 
@@ -155,6 +167,8 @@ class ControlPlane:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sbx-op")
         self._snap_lock = threading.Lock()
         self._closed = False
+        self.routes = Routes(self)
+        self.files = Files(self)
 
     # views -----------------------------------------------------------------------------------------------------
     def _size(self, name: str) -> Size:
@@ -165,18 +179,20 @@ class ControlPlane:
             raise ControlError("invalid_type", f"unknown type {name!r}; use one of: {known}", 400) from None
 
     def _stats(self, row: SandboxRow) -> Stats | None:
-        if row.state != "running":
+        """A node sample for a running sandbox; for a stopped one too (the node then reports disk space only)."""
+        if row.state not in ("running", "stopped"):
             return None
         try:
             return self.node.stats(row.id)
         except NodeError as e:
-            log.warning("stats of %s failed: %s", row.id, e)
+            if row.state == "running":
+                log.warning("stats of %s failed: %s", row.id, e)
             return None
 
     def view(self, row: SandboxRow, stats: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
-        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, stats. ``stats`` is a fresh
-        node sample while running, zeros otherwise."""
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, stats. ``stats`` is a
+        fresh node sample while running (while stopped: disk space only), zeros otherwise."""
         size = self.settings.sizes.get(row.type)
         return {
             "id": row.id,
@@ -193,6 +209,7 @@ class ControlPlane:
             "subdomain": row.subdomain,
             "url": sandbox_url(row.subdomain, self.settings.domain),
             "ttl": row.ttl,
+            "autoResume": bool(row.auto_resume),
             "stats": _stats_view(self._stats(row) if stats else None),
         }
 
@@ -305,11 +322,13 @@ class ControlPlane:
         from_snapshot: str | None = None,
         no_snapshots: bool = False,
         env: dict[str, str] | None = None,
+        auto_resume: bool = False,
     ) -> SandboxRow:
         """Create a sandbox of size ``type`` (a disk from the base image, or a copy of snapshot
         ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
 
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
+        ``auto_resume``: a request on one of its hosted ports resumes it when it is stopped.
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
         size = self._size(type)
         if name is not None and (not name.strip() or len(name) > NAME_MAX):
@@ -335,6 +354,7 @@ class ControlPlane:
             memory_restored=None,
             resume_reason=None,
             has_memory=False,
+            auto_resume=auto_resume,
             from_snapshot=from_snapshot,
             created_at=now,
             updated_at=now,
@@ -493,14 +513,21 @@ class ControlPlane:
     ) -> SandboxRow:
         """Fork ``source_id`` (running or stopped) into a new sandbox: its disk copied copy-on-write, booted fresh
         at ``type`` (default the source's). Returns the new row in ``forking``; the source is left as it is.
-        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404, 409 ``snapshots_disabled``/``busy``/
-        ``invalid_state``."""
+        Raises 400 ``invalid_type``/``invalid_resize`` (smaller than the source)/``invalid_name``/``invalid_ttl``,
+        404, 409 ``snapshots_disabled``/``busy``/``invalid_state``."""
         source = self.get(source_id)
         if source.no_snapshots:
             raise ControlError(
                 "snapshots_disabled", f"sandbox {source_id} was created with --no-snapshots and cannot be forked", 409
             )
         size = self._size(type or source.type)
+        if size.disk_mib < self._size(source.type).disk_mib:
+            raise ControlError(
+                "invalid_resize",
+                f"a fork can't be smaller than its source ({source.type}): its disk is a copy of the source's "
+                f"and disks only grow; fork at {source.type} or bigger",
+                400,
+            )
         if name is not None and (not name.strip() or len(name) > NAME_MAX):
             raise ControlError("invalid_name", f"name must be 1-{NAME_MAX} characters and not blank", 400)
         if ttl is not None and ttl < 0:
@@ -554,6 +581,7 @@ class ControlPlane:
 
         def work() -> None:
             self.node.delete(sandbox_id)
+            self.routes.drop_all(sandbox_id)
             for snap in self.store.list_snapshots(sandbox_id, auto=True):
                 try:
                     self.node.delete_snapshot(snap.name)
@@ -619,6 +647,15 @@ class ControlPlane:
         if sandbox_id is not None and self.store.get_sandbox(sandbox_id) is None:
             raise not_found(f"sandbox {sandbox_id}")
         return self.store.list_snapshots(sandbox_id)
+
+    def snapshot_views(self, rows: list[SnapshotRow]) -> list[dict[str, Any]]:
+        """API views of ``rows`` (see :func:`snapshot_view`) with the node's current space figures for each."""
+        try:
+            infos = {i.name: i for i in self.node.snapshots()}
+        except NodeError as e:
+            log.warning("snapshot space figures unavailable: %s", e)
+            infos = {}
+        return [snapshot_view(r, infos.get(r.name)) for r in rows]
 
     def delete_snapshot(self, name: str) -> None:
         """Remove snapshot ``name``; 404 ``not_found`` if there is none."""

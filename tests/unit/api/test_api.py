@@ -14,7 +14,9 @@ SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
     "updatedAt", "subdomain", "url", "ttl", "stats",
 }
-STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills"}
+STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
+              "diskUniqueBytes"}
+SNAPSHOT_KEYS = {"name", "sandboxId", "auto", "sizeMB", "createdAt", "allocatedBytes", "uniqueBytes"}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
@@ -271,6 +273,13 @@ def test_fork_overrides_and_a_stopped_source_stays_stopped(api: Api) -> None:
     assert (src_now["state"], src_now["type"]) == ("stopped", "small")
 
 
+def test_a_fork_cannot_be_smaller_than_its_source(api: Api) -> None:
+    src = api.new(type="default")
+    assert err(api.post(f"/v1/sandboxes/{src['id']}/fork", json={"type": "small"})) == (400, "invalid_resize")
+    assert api.sandbox(src["id"])["state"] == "running"
+    assert [s["id"] for s in api.get("/v1/sandboxes").json()["sandboxes"]] == [src["id"]]
+
+
 def test_fork_event_stream_has_the_seed_shape(api: Api) -> None:
     src = api.new()
     fork_id = api.post(f"/v1/sandboxes/{src['id']}/fork", json={"type": "default"}).json()["sandbox"]["id"]
@@ -403,3 +412,35 @@ def test_node_failure_is_an_error_state_not_a_500(api: Api) -> None:
     sid = api.get("/v1/sandboxes").json()["sandboxes"][0]["id"]
     assert api.sandbox(sid)["state"] == "error"
     assert api.delete(f"/v1/sandboxes/{sid}?wait=true").json()["sandbox"]["state"] == "deleted"
+
+
+# --- space accounting --------------------------------------------------------------------------------------------
+def test_stats_and_snapshots_carry_space_figures(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sbx.node.types import SnapshotInfo, Stats
+
+    sid = api.new()["id"]
+
+    def stats(id: str) -> Stats:
+        if api.node.status(id) != "running":
+            return Stats(0, 0, 0.0, 0, 0, disk_allocated_bytes=300 << 20, disk_unique_bytes=5 << 20)
+        return Stats(256, 42, 1.5, 7, 0, disk_allocated_bytes=300 << 20, disk_unique_bytes=60 << 20)
+
+    real_snapshots = api.node.snapshots
+
+    def snapshots() -> list[SnapshotInfo]:
+        return [SnapshotInfo(i.name, i.source_id, i.size_mib, 290 << 20, 1 << 20) for i in real_snapshots()]
+
+    monkeypatch.setattr(api.node, "stats", stats)
+    monkeypatch.setattr(api.node, "snapshots", snapshots)
+    st = api.sandbox(sid)["stats"]
+    assert set(st) == STATS_KEYS
+    assert (st["diskAllocatedBytes"], st["diskUniqueBytes"], st["memoryUsedMb"]) == (300 << 20, 60 << 20, 42)
+    snap = api.post(f"/v1/sandboxes/{sid}/snapshot", json={"name": "space"}).json()["snapshot"]
+    assert set(snap) == SNAPSHOT_KEYS and (snap["allocatedBytes"], snap["uniqueBytes"]) == (290 << 20, 1 << 20)
+    for path in ("/v1/snapshots", f"/v1/sandboxes/{sid}/snapshots"):
+        [listed] = api.get(path).json()["snapshots"]
+        assert set(listed) == SNAPSHOT_KEYS and listed["uniqueBytes"] == 1 << 20
+    api.post(f"/v1/sandboxes/{sid}/stop?wait=true")
+    stopped = api.sandbox(sid)["stats"]  # a stopped sandbox still reports its disk's space, nothing else
+    assert (stopped["diskAllocatedBytes"], stopped["diskUniqueBytes"], stopped["memoryUsedMb"]) == (
+        300 << 20, 5 << 20, 0)
