@@ -694,7 +694,9 @@ class LocalNode:
             source_id=meta["sourceId"],
             size_mib=path.stat().st_size >> 20,
             allocated_bytes=space.allocated_bytes(path),
-            unique_bytes=space.unique_bytes(path, self._all_images(exclude=path)),
+            unique_bytes=space.unique_bytes(
+                path, self._all_images(exclude=path) + list(self.settings.images_dir.glob("*.ext4"))
+            ),
         )
 
     def _all_images(self, exclude: Path) -> list[Path]:
@@ -725,12 +727,29 @@ class LocalNode:
             shutil.rmtree(self._bundle(id), ignore_errors=True)
             shutil.rmtree(self._dir(id), ignore_errors=True)
 
+    def _disk_space(self, sid: str) -> tuple[int, int]:
+        """``(allocated, unique)`` bytes of the sandbox's disk image on the volume: what the image maps (shared
+        blocks included), and how much of that no other image maps — other sandboxes' disks and seals, named
+        snapshots, and the cached base images in ``settings.images_dir`` — i.e. what deleting the sandbox gives
+        back. The sandbox's own seals are not counted as sharers (they go with it); blocks only its seals still
+        hold are not included. ``(0, 0)`` when the disk is missing. From FIEMAP (:mod:`sbx.storage.space`)."""
+        disk = self._disk(sid)
+        own = self._dir(sid) / "seals"
+        others = [p for p in self._all_images(exclude=disk) if p.parent != own]
+        others += list(self.settings.images_dir.glob("*.ext4"))
+        try:
+            return space.allocated_bytes(disk), space.unique_bytes(disk, others)
+        except (StorageError, OSError):
+            return 0, 0
+
     def stats(self, id: str) -> Stats:
+        """A fresh sample: memory, CPU and in-sandbox disk use while running (zeros otherwise), OOM kills, and
+        the disk image's allocated and unique bytes on the volume (running or not, see :meth:`_disk_space`).
+        Raises ``NodeError("not_found")`` for a sandbox this node does not have."""
         rec = self._record(id)
-        disk = self._disk(id)
-        alloc = space.allocated_bytes(disk) if disk.exists() else 0
+        alloc, unique = self._disk_space(id)
         if self.runtime.state(id) != "running":
-            return Stats(0, 0, 0.0, 0, rec.get("oomKills", 0), alloc, 0)
+            return Stats(0, 0, 0.0, 0, rec.get("oomKills", 0), alloc, unique)
         s = cgroup.sample(self._cgroup_path(id))
         st = os.statvfs(self._rootfs(id))
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -741,6 +760,7 @@ class LocalNode:
             disk_used_mb=used >> 20,
             oom_kills=rec.get("oomKills", 0) + s.oom_kills,
             disk_allocated_bytes=alloc,
+            disk_unique_bytes=unique,
         )
 
     def status(self, id: str) -> NodeStatus:

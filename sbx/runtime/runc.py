@@ -19,7 +19,6 @@ from pathlib import Path
 from sbx.runtime.base import ContainerState, RuntimeError_
 from sbx.runtime.criu import log_tail
 
-
 # The CRIU configuration file a bundle points at with the ``org.criu.config`` annotation (runc's checkpoint
 # docs): established TCP connections come back closed rather than failing the restore when their peer has
 # moved on.
