@@ -23,6 +23,7 @@ Endpoints::
     GET    /v1/sandboxes/{id}/jobs/{job}/logs          output (?follow=true)  200 NDJSON
     GET    /v1/sandboxes/{id}/jobs/{job}/wait          wait for its end       200 {"job"}
     GET    /v1/sandboxes/{id}/events                   lifecycle events       200 NDJSON
+    ...    /v1/sandboxes/{id}/routes, /files, /pty        hosted ports, files, terminals: see sbx.api.sandbox_io
     GET    /v1/snapshots                               all snapshots          200 {"snapshots": [...]}
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
 
@@ -48,6 +49,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sbx import __version__ as sbx_version
+from sbx.api import sandbox_io
 from sbx.api.auth import ensure_token
 from sbx.api.models import (
     CreateSandbox,
@@ -61,7 +63,7 @@ from sbx.api.models import (
 from sbx.config import Settings
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
-from sbx.control.service import ControlPlane, job_view, snapshot_view
+from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
 from sbx.control.store import SandboxRow
 from sbx.node.types import NodeAgent, NodeError
@@ -96,13 +98,16 @@ def create_app(
     control: ControlPlane | None = None,
     reaper_tick: float = 5.0,
     wait: float = DEFAULT_WAIT,
+    serve_proxy: bool = False,
 ) -> FastAPI:
     """Build the API for ``node`` with ``settings``.
 
     ``token``: the bearer token (default: read or create ``<state_dir>/token``). ``control``: an existing control
     plane (default: a new one on ``settings.db_url``). ``reaper_tick``: seconds between TTL/auto-snapshot passes.
     ``wait``: seconds a conflicting request waits for an operation in flight before ``409 busy``.
-    Starting the app (its lifespan) reconciles with the node and starts the reaper; stopping it stops both.
+    ``serve_proxy``: also listen for hosted-port traffic on ``settings.proxy_port`` (:mod:`sbx.api.proxy`).
+    Starting the app (its lifespan) reconciles with the node and starts the reaper (and the proxy); stopping it stops
+    them.
     """
     api_token = token if token is not None else ensure_token(settings)
     cp = control or ControlPlane(settings, node, wait=wait)
@@ -112,9 +117,17 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         cp.start()
         reaper.start()
+        proxy = None
+        if serve_proxy:
+            from sbx.api.proxy import Proxy
+
+            proxy = Proxy(cp, settings)
+            await proxy.start()
         try:
             yield
         finally:
+            if proxy is not None:
+                await proxy.close()
             reaper.stop()
             cp.close()
 
@@ -186,7 +199,8 @@ def create_app(
     @v1.post("/sandboxes", status_code=202, tags=["sandboxes"])
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Create a sandbox; answers 202 in state ``provisioning`` (or 200 once running with ``?wait=true``)."""
-        row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env)
+        row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
+                        body.auto_resume)
         return accepted(row, wait_, timeout)
 
     @v1.get("/sandboxes", tags=["sandboxes"])
@@ -236,17 +250,17 @@ def create_app(
     @v1.post("/sandboxes/{sandbox_id}/snapshot", status_code=201, tags=["snapshots"])
     def snapshot_sandbox(sandbox_id: str, body: SnapshotSandbox) -> dict[str, Any]:
         """Save a named, read-only copy of the sandbox's disk (usable with ``fromSnapshot``)."""
-        return {"snapshot": snapshot_view(cp.snapshot(sandbox_id, body.name))}
+        return {"snapshot": cp.snapshot_views([cp.snapshot(sandbox_id, body.name)])[0]}
 
     @v1.get("/sandboxes/{sandbox_id}/snapshots", tags=["snapshots"])
     def sandbox_snapshots(sandbox_id: str) -> dict[str, Any]:
         """Snapshots made from this sandbox, oldest first."""
-        return {"snapshots": [snapshot_view(s) for s in cp.snapshots(sandbox_id)]}
+        return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox_id))}
 
     @v1.get("/snapshots", tags=["snapshots"])
     def list_snapshots(sandbox: str | None = Query(None, description="only this sandbox's")) -> dict[str, Any]:
         """All snapshots, oldest first."""
-        return {"snapshots": [snapshot_view(s) for s in cp.snapshots(sandbox)]}
+        return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox))}
 
     @v1.delete("/snapshots/{name}", tags=["snapshots"])
     def delete_snapshot(name: str) -> dict[str, Any]:
@@ -298,5 +312,6 @@ def create_app(
         carries ``seq``."""
         return _ndjson(cp.events(sandbox_id, after, follow or until == "settled", until == "settled"))
 
+    sandbox_io.register(app, v1, cp, api_token)
     app.include_router(v1)
     return app

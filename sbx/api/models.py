@@ -12,7 +12,8 @@ class _Body(BaseModel):
 
 class CreateSandbox(_Body):
     """``POST /v1/sandboxes``: ``type`` (small, default, large, xlarge), ``name``, ``ttl`` seconds of inactivity
-    before an automatic stop (0 = never; default 3600), ``fromSnapshot``, ``noSnapshots``, ``env``."""
+    before an automatic stop (0 = never; default 3600), ``fromSnapshot``, ``noSnapshots``, ``env``, ``autoResume``
+    (a request on a hosted port resumes it when stopped)."""
 
     type: str = "small"
     name: str | None = None
@@ -20,6 +21,7 @@ class CreateSandbox(_Body):
     from_snapshot: str | None = Field(None, alias="fromSnapshot")
     no_snapshots: bool = Field(False, alias="noSnapshots")
     env: dict[str, str] | None = None
+    auto_resume: bool = Field(False, alias="autoResume")
 
 
 class StopSandbox(_Body):
@@ -69,3 +71,10 @@ class StartJob(_Body):
 
     command: str = Field(min_length=1)
     user: str = "user"
+
+
+class HostPort(_Body):
+    """``POST /v1/sandboxes/{id}/routes``: ``port`` (1-65535) to publish; ``public`` routes need no token."""
+
+    port: int
+    public: bool = False

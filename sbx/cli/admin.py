@@ -78,7 +78,8 @@ def server(
     port: int = typer.Option(None, "--port", help="Listen port (default from settings: 7070)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
-    """Run the sbx server: HTTP API, control plane and this machine's node, in one process (SIGTERM stops it)."""
+    """Run the sbx server: HTTP API, hosted-port proxy, control plane and this machine's node, in one process
+    (SIGTERM stops it)."""
     import uvicorn
 
     from sbx.api.app import create_app
@@ -100,8 +101,9 @@ def server(
         node.prepare(progress=_progress)
     except Exception as e:  # host checks, volume, image, network: report, don't trace
         raise _host_failure(e) from None
-    app = create_app(settings, node, token=token)
-    err.print(f"sbx server on {settings.api_url} (client config: {config_path()})", markup=False)
+    app = create_app(settings, node, token=token, serve_proxy=True)
+    err.print(f"sbx server on {settings.api_url}, hosted ports on {settings.host}:{settings.proxy_port} "
+              f"(client config: {config_path()})", markup=False)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on")
     _uvicorn_server(config).run()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -30,11 +31,21 @@ def exec_(
     user: str = typer.Option("user", "--user", "-u", help="Run as this user (e.g. root)."),
     env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE for this command (repeatable)."),
     cwd: str = typer.Option(None, "--cwd", help="Working directory."),
+    tty: bool = typer.Option(False, "--tty", "-t", help="Run in a terminal (interactive; no --timeout)."),
     json_: bool = JSON_OPT,
 ) -> None:
     """Run a command in a sandbox, streaming its output; exits with the command's own exit code (124 after
-    --timeout). Waits for a sandbox that is still starting or resuming."""
+    --timeout). Waits for a sandbox that is still starting or resuming. With --tty it runs in a pseudo-terminal
+    (stdout and stderr merged), for interactive programs."""
     cmd = " ".join(command)
+    if tty:
+        from sbx.cli.ssh import run_pty
+
+        env_map = parse_env(env) or {}
+        prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env_map.items())
+        if cwd:
+            prefix += f"cd {shlex.quote(cwd)} && "
+        raise typer.Exit(run_pty(sandbox_id, prefix + cmd, user))
     with client() as c:
         if detach:
             job = c.run(P.exec_detached(sandbox_id, cmd, user))

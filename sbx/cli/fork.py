@@ -11,6 +11,10 @@ from sbx.cli.common import JSON_OPT, client, fail, handle_errors, out, parse_env
 from sbx.sdk import protocol as P
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def _line(event: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in event.items() if k != "seq"}
 
@@ -68,17 +72,19 @@ def snapshots(
     sandbox_id: str = typer.Argument(None, help="Only this sandbox's snapshots."),
     json_: bool = JSON_OPT,
 ) -> None:
-    """List snapshots (automatic ones are named auto-<id>-<time>)."""
+    """List snapshots (automatic ones are named auto-<id>-<time>) with the bytes each maps on the volume
+    (ALLOCATED) and holds alone (UNIQUE: what deleting it frees)."""
     with client() as c:
         items = c.run(P.snapshots(sandbox_id))
     if json_:
         print_json({"snapshots": items})
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "SANDBOX", "AUTO", "CREATED"):
+    for col in ("NAME", "SANDBOX", "AUTO", "CREATED", "ALLOCATED", "UNIQUE"):
         table.add_column(col)
     for s in items:
-        table.add_row(s["name"], s["sandboxId"], "yes" if s["auto"] else "", s["createdAt"])
+        table.add_row(s["name"], s["sandboxId"], "yes" if s["auto"] else "", s["createdAt"],
+                      _mib(s.get("allocatedBytes", 0)), _mib(s.get("uniqueBytes", 0)))
     out.print(table)
 
 

@@ -26,11 +26,14 @@ def new(
     ),
     env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE for every command (repeatable)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Return once it runs (default) or once accepted."),
+    auto_resume: bool = typer.Option(
+        False, "--auto-resume", help="A request on a hosted port resumes it when it is stopped."
+    ),
     json_: bool = JSON_OPT,
 ) -> None:
     """Create a sandbox and print its id."""
     with client() as c, spinner(f"creating {type} sandbox", not json_):
-        sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait))
+        sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume))
     if json_:
         print_json({"sandbox": sb})
     else:
@@ -71,6 +74,8 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_row("memory", f"{st.get('memoryUsedMb', 0)} / {st.get('memoryTotalMb', 0)} MB")
     table.add_row("cpu", f"{st.get('cpuPercent', 0)} %")
     table.add_row("disk used", f"{st.get('diskUsedMb', 0)} MB")
+    table.add_row("disk allocated", f"{st.get('diskAllocatedBytes', 0) / 2**20:.1f} MiB on the volume")
+    table.add_row("disk unique", f"{st.get('diskUniqueBytes', 0) / 2**20:.1f} MiB (freed by a delete)")
     table.add_row("oom kills", str(st.get("oomKills", 0)))
     out.print(table)
 

@@ -2,9 +2,11 @@
 
 Verbs::
 
-    sbx new --type small --name N [--from SNAP] [--ttl S] [--no-snapshots] [--env K=V] [--json]
+    sbx new --type small --name N [--from SNAP] [--ttl S] [--no-snapshots] [--auto-resume] [--env K=V] [--json]
     sbx list | info ID | stop ID [--wait] | resume ID [--type T] [--require-memory] [--ttl S] [--wait] | delete ID
-    sbx exec ID "CMD" [--timeout 30] [--detach] [--user root] | jobs ID | logs ID JOB [-f] | wait ID JOB
+    sbx exec ID "CMD" [--timeout 30] [--detach] [--tty] [--user root] | jobs ID | logs ID JOB [-f] | wait ID JOB
+    sbx ssh ID [-- CMD] | cp LOCAL ID:PATH | cp ID:PATH LOCAL
+    sbx host ID [PORT [--public]] | unhost ID PORT
     sbx fork ID [--type T] [--ttl S] [--name N] [--wait] [--json]
     sbx snapshot ID NAME | snapshots [ID] | snapshot-delete NAME
     sbx server | setup | doctor
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from sbx.cli import admin, exec, fork, lifecycle
+from sbx.cli import admin, exec, files, fork, lifecycle, ports, ssh
 
 app = typer.Typer(
     name="sbx",
@@ -36,6 +38,11 @@ app.command("exec", rich_help_panel="Commands")(exec.exec_)
 app.command("jobs", rich_help_panel="Commands")(exec.jobs)
 app.command("logs", rich_help_panel="Commands")(exec.logs)
 app.command("wait", rich_help_panel="Commands")(exec.wait)
+app.command("ssh", rich_help_panel="Commands")(ssh.ssh)
+app.command("cp", rich_help_panel="Commands")(files.cp)
+
+app.command("host", rich_help_panel="Ports")(ports.host)
+app.command("unhost", rich_help_panel="Ports")(ports.unhost)
 
 app.command("fork", rich_help_panel="Copies")(fork.fork)
 app.command("snapshot", rich_help_panel="Copies")(fork.snapshot)

@@ -56,7 +56,8 @@ class Base(DeclarativeBase):
 
 class SandboxRow(Base):
     """One sandbox. ``state`` is one of :data:`sbx.control.state.STATES`; ``ttl`` is seconds of inactivity before
-    an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image."""
+    an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image; ``auto_resume``: a request
+    on one of its hosted ports resumes it when stopped."""
 
     __tablename__ = "sandboxes"
 
@@ -71,6 +72,7 @@ class SandboxRow(Base):
     memory_restored: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     resume_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     has_memory: Mapped[bool] = mapped_column(Boolean, default=False)
+    auto_resume: Mapped[bool] = mapped_column(Boolean, default=False)
     source_id: Mapped[str | None] = mapped_column(String(16), nullable=True)
     from_snapshot: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)

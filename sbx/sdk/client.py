@@ -27,6 +27,11 @@ def _timeout(req: P.Request) -> httpx.Timeout:
     return httpx.Timeout(connect=10.0, read=req.timeout, write=30.0, pool=30.0)
 
 
+def _body(req: P.Request) -> dict[str, Any]:
+    """httpx keyword for the request body: raw ``content`` or ``json``."""
+    return {"content": req.content} if req.content is not None else {"json": req.body}
+
+
 def _decode(resp_status: int, raw: bytes) -> Any:
     if not raw:
         return None
@@ -54,10 +59,16 @@ class Client:
 
     def _send(self, req: P.Request) -> P.Response:
         try:
-            with self._http.stream(req.method, req.path, json=req.body, params=req.params,
-                                   timeout=_timeout(req)) as resp:
+            with self._http.stream(req.method, req.path, params=req.params, timeout=_timeout(req),
+                                   **_body(req)) as resp:
                 if resp.status_code >= 400:
                     raise P.error_from(resp.status_code, resp.read())
+                if req.binary:
+                    if req.on_chunk is None:
+                        return P.Response(resp.status_code, resp.read())
+                    for chunk in resp.iter_bytes():
+                        req.on_chunk(chunk)
+                    return P.Response(resp.status_code)
                 if not req.stream:
                     return P.Response(resp.status_code, _decode(resp.status_code, resp.read()))
                 for raw in resp.iter_lines():
@@ -115,10 +126,16 @@ class AsyncClient:
 
     async def _send(self, req: P.Request) -> P.Response:
         try:
-            async with self._http.stream(req.method, req.path, json=req.body, params=req.params,
-                                         timeout=_timeout(req)) as resp:
+            async with self._http.stream(req.method, req.path, params=req.params, timeout=_timeout(req),
+                                         **_body(req)) as resp:
                 if resp.status_code >= 400:
                     raise P.error_from(resp.status_code, await resp.aread())
+                if req.binary:
+                    if req.on_chunk is None:
+                        return P.Response(resp.status_code, await resp.aread())
+                    async for chunk in resp.aiter_bytes():
+                        req.on_chunk(chunk)
+                    return P.Response(resp.status_code)
                 if not req.stream:
                     return P.Response(resp.status_code, _decode(resp.status_code, await resp.aread()))
                 async for raw in resp.aiter_lines():
@@ -160,6 +177,7 @@ class _Base:
     def __init__(self, data: dict[str, Any], client: Any):
         self.data = data
         self.client = client
+        self.files = (AsyncFiles if isinstance(client, AsyncClient) else Files)(self)
 
     @property
     def id(self) -> str:
@@ -194,12 +212,13 @@ class Sandbox(_Base):
     def create(
         cls, type: str = "small", name: str | None = None, ttl: int | None = None, from_snapshot: str | None = None,
         no_snapshots: bool = False, env: dict[str, str] | None = None, wait: bool = True,
-        client: Client | None = None,
+        client: Client | None = None, auto_resume: bool = False,
     ) -> Sandbox:
-        """Create a sandbox (``ttl`` in seconds of inactivity; ``from_snapshot`` a snapshot name); with ``wait``
-        returns once it runs. Raises :class:`SbxError` (``invalid_type``, ``not_found``, ...)."""
+        """Create a sandbox (``ttl`` in seconds of inactivity; ``from_snapshot`` a snapshot name; ``auto_resume``:
+        traffic on a hosted port resumes it when stopped); with ``wait`` returns once it runs. Raises
+        :class:`SbxError` (``invalid_type``, ``not_found``, ...)."""
         c = client or Client()
-        return cls(c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait)), c)
+        return cls(c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume)), c)
 
     @classmethod
     def get(cls, sandbox_id: str, client: Client | None = None) -> Sandbox:
@@ -268,6 +287,19 @@ class Sandbox(_Base):
         """Delete the sandbox."""
         self.data = self.client.run(P.delete(self.id, wait))
 
+    def host(self, port: int, public: bool = False) -> dict[str, Any]:
+        """Publish ``port`` at ``https://<port>-<subdomain>.<domain>``; returns the route dict (``url``, ``token``
+        for a private route: send it as ``X-Sbx-Token`` or ``?token=``)."""
+        return self.client.run(P.host(self.id, port, public))  # type: ignore[no-any-return]
+
+    def unhost(self, port: int) -> None:
+        """Stop publishing ``port``."""
+        self.client.run(P.unhost(self.id, port))
+
+    def routes(self) -> builtins.list[dict[str, Any]]:
+        """The hosted ports."""
+        return self.client.run(P.routes(self.id))  # type: ignore[no-any-return]
+
     def __enter__(self) -> Sandbox:
         return self
 
@@ -288,10 +320,10 @@ class AsyncSandbox(_Base):
     async def create(
         cls, type: str = "small", name: str | None = None, ttl: int | None = None, from_snapshot: str | None = None,
         no_snapshots: bool = False, env: dict[str, str] | None = None, wait: bool = True,
-        client: AsyncClient | None = None,
+        client: AsyncClient | None = None, auto_resume: bool = False,
     ) -> AsyncSandbox:
         c = client or AsyncClient()
-        return cls(await c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait)), c)
+        return cls(await c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume)), c)
 
     @classmethod
     async def get(cls, sandbox_id: str, client: AsyncClient | None = None) -> AsyncSandbox:
@@ -350,6 +382,15 @@ class AsyncSandbox(_Base):
     async def delete(self, wait: bool = True) -> None:
         self.data = await self.client.run(P.delete(self.id, wait))
 
+    async def host(self, port: int, public: bool = False) -> dict[str, Any]:
+        return await self.client.run(P.host(self.id, port, public))  # type: ignore[no-any-return]
+
+    async def unhost(self, port: int) -> None:
+        await self.client.run(P.unhost(self.id, port))
+
+    async def routes(self) -> builtins.list[dict[str, Any]]:
+        return await self.client.run(P.routes(self.id))  # type: ignore[no-any-return]
+
     async def __aenter__(self) -> AsyncSandbox:
         return self
 
@@ -359,3 +400,81 @@ class AsyncSandbox(_Base):
         except SbxError as e:
             if e.code != "not_found":
                 raise
+
+
+class Files:
+    """``sandbox.files``: files of a running sandbox, read and written inside it as ``user`` (or ``root``). Paths are
+    absolute or relative to the user's home (``~`` allowed). Errors: ``not_found``, ``permission_denied``,
+    ``is_a_directory``, ``not_a_directory``, ``invalid_path``, ``not_running`` as :class:`SbxError`."""
+
+    def __init__(self, sandbox: Any):
+        self._sb: Any = sandbox
+
+    def read(self, path: str, user: str = "user") -> bytes:
+        """The file's bytes."""
+        return self._sb.client.run(P.read_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+
+    def read_to(self, path: str, on_chunk: P.ChunkHandler, user: str = "user", archive: bool = False) -> int:
+        """Stream the file (or, with ``archive``, a directory as tar) to ``on_chunk``; returns the byte count."""
+        return self._sb.client.run(P.read_file(self._sb.id, path, user, on_chunk, archive))  # type: ignore
+
+    def write(self, path: str, data: Any, user: str = "user", archive: bool = False) -> dict[str, Any]:
+        """Write ``data`` (bytes, str, or an iterator of bytes for large files) to ``path``; parents are made.
+        With ``archive``, ``data`` is a tar stream extracted into directory ``path``."""
+        return self._sb.client.run(P.write_file(self._sb.id, path, data, user, archive))  # type: ignore
+
+    def list(self, path: str = "~", user: str = "user") -> builtins.list[dict[str, Any]]:
+        """Entries of a directory."""
+        return self._sb.client.run(P.list_files(self._sb.id, path, user))  # type: ignore[no-any-return]
+
+    def stat(self, path: str, user: str = "user") -> dict[str, Any]:
+        """One entry (``type``, ``size``, ``mode``, ``mtime``)."""
+        return self._sb.client.run(P.stat_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+
+    def exists(self, path: str, user: str = "user") -> bool:
+        """True when ``path`` exists."""
+        try:
+            self.stat(path, user)
+            return True
+        except SbxError as e:
+            if e.code == "not_found":
+                return False
+            raise
+
+    def remove(self, path: str, user: str = "user") -> None:
+        """Remove a file or a directory tree."""
+        self._sb.client.run(P.remove_file(self._sb.id, path, user))
+
+
+class AsyncFiles:
+    """The asyncio twin of :class:`Files`."""
+
+    def __init__(self, sandbox: Any):
+        self._sb: Any = sandbox
+
+    async def read(self, path: str, user: str = "user") -> bytes:
+        return await self._sb.client.run(P.read_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+
+    async def read_to(self, path: str, on_chunk: P.ChunkHandler, user: str = "user", archive: bool = False) -> int:
+        return await self._sb.client.run(P.read_file(self._sb.id, path, user, on_chunk, archive))  # type: ignore
+
+    async def write(self, path: str, data: Any, user: str = "user", archive: bool = False) -> dict[str, Any]:
+        return await self._sb.client.run(P.write_file(self._sb.id, path, data, user, archive))  # type: ignore
+
+    async def list(self, path: str = "~", user: str = "user") -> builtins.list[dict[str, Any]]:
+        return await self._sb.client.run(P.list_files(self._sb.id, path, user))  # type: ignore[no-any-return]
+
+    async def stat(self, path: str, user: str = "user") -> dict[str, Any]:
+        return await self._sb.client.run(P.stat_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+
+    async def exists(self, path: str, user: str = "user") -> bool:
+        try:
+            await self.stat(path, user)
+            return True
+        except SbxError as e:
+            if e.code == "not_found":
+                return False
+            raise
+
+    async def remove(self, path: str, user: str = "user") -> None:
+        await self._sb.client.run(P.remove_file(self._sb.id, path, user))

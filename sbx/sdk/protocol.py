@@ -5,7 +5,9 @@ returns the parsed result. :mod:`sbx.sdk.client` drives these generators with an
 ``httpx.AsyncClient``; nothing here touches the network.
 
 Streaming requests (NDJSON) hand each parsed line to ``Request.on_line`` as it arrives; returning True from it
-stops reading.
+stops reading. Binary requests (files) send ``Request.content`` as the raw body (bytes or an iterator of bytes;
+an async iterator with the async client) and, with ``binary``, hand the answer's bytes to ``Request.on_chunk`` as
+they arrive (or return them whole in ``Response.body`` when there is no ``on_chunk``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from sbx.sdk.errors import SbxError
 
 LineHandler = Callable[[dict[str, Any]], bool | None]
+ChunkHandler = Callable[[bytes], object]
 Call = Generator["Request", "Response", Any]
 
 WAIT_TIMEOUT = 900.0
@@ -27,7 +30,8 @@ WAIT_TIMEOUT = 900.0
 @dataclass
 class Request:
     """One HTTP call: ``method``, ``path`` (from the server root), JSON ``body``, query ``params``; ``stream`` for
-    NDJSON answers (lines go to ``on_line``); ``timeout`` is the read timeout in seconds (None = unlimited)."""
+    NDJSON answers (lines go to ``on_line``); ``timeout`` is the read timeout in seconds (None = unlimited);
+    ``content`` a raw request body instead of JSON; ``binary`` for a raw answer (chunks go to ``on_chunk``)."""
 
     method: str
     path: str
@@ -36,6 +40,9 @@ class Request:
     stream: bool = False
     on_line: LineHandler | None = None
     timeout: float | None = 60.0
+    content: Any = None
+    binary: bool = False
+    on_chunk: ChunkHandler | None = None
 
 
 @dataclass
@@ -109,11 +116,15 @@ def create(
     no_snapshots: bool = False,
     env: dict[str, str] | None = None,
     wait: bool = True,
+    auto_resume: bool = False,
 ) -> Call:
-    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``)."""
+    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: a request on one
+    of its hosted ports resumes it when stopped."""
     body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env})
     if no_snapshots:
         body["noSnapshots"] = True
+    if auto_resume:
+        body["autoResume"] = True
     resp = yield Request("POST", "/v1/sandboxes", body, _wait_params(wait), timeout=_long_timeout(wait))
     return _sandbox(resp)
 
@@ -297,3 +308,81 @@ def job_wait(sandbox_id: str, job_id: str, timeout: float = 300.0) -> Call:
     resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/jobs/{job_id}/wait", None, {"timeout": timeout},
                          timeout=timeout + 60.0)
     return dict(resp.body["job"])
+
+
+# hosted ports ------------------------------------------------------------------------------------------------
+def host(sandbox_id: str, port: int, public: bool = False) -> Call:
+    """``POST /v1/sandboxes/{id}/routes``; returns the route dict (``port``, ``public``, ``url``, ``host``,
+    ``token``, ``createdAt``)."""
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/routes", {"port": port, "public": public})
+    return dict(resp.body["route"])
+
+
+def routes(sandbox_id: str) -> Call:
+    """``GET /v1/sandboxes/{id}/routes``; returns route dicts by port."""
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/routes")
+    return list(resp.body["routes"])
+
+
+def unhost(sandbox_id: str, port: int) -> Call:
+    """``DELETE /v1/sandboxes/{id}/routes/{port}``."""
+    yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}/routes/{int(port)}")
+    return None
+
+
+# files -------------------------------------------------------------------------------------------------------
+FILE_TIMEOUT = 600.0
+"""Seconds to wait for the next bytes of a file transfer."""
+
+
+def _file_params(path: str, user: str, archive: bool = False) -> dict[str, Any]:
+    params: dict[str, Any] = {"path": path, "user": user}
+    if archive:
+        params["archive"] = "tar"
+    return params
+
+
+def read_file(sandbox_id: str, path: str, user: str = "user", on_chunk: ChunkHandler | None = None,
+              archive: bool = False) -> Call:
+    """``GET /v1/sandboxes/{id}/files``: a file's bytes (a directory's tar stream with ``archive``). Returns the
+    bytes, or, with ``on_chunk``, passes them on as they come and returns the byte count."""
+    got = 0
+
+    def count(chunk: bytes) -> None:
+        nonlocal got
+        got += len(chunk)
+        assert on_chunk is not None
+        on_chunk(chunk)
+
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/files", None, _file_params(path, user, archive),
+                         binary=True, on_chunk=count if on_chunk else None, timeout=FILE_TIMEOUT)
+    return got if on_chunk else bytes(resp.body or b"")
+
+
+def write_file(sandbox_id: str, path: str, data: Any, user: str = "user", archive: bool = False) -> Call:
+    """``PUT /v1/sandboxes/{id}/files``: write ``data`` (bytes, str as UTF-8, or an iterator of bytes) to file
+    ``path`` (or extract it as a tar stream into directory ``path`` with ``archive``). Returns ``{"path","size"}``."""
+    if isinstance(data, str):
+        data = data.encode()
+    resp = yield Request("PUT", f"/v1/sandboxes/{sandbox_id}/files", None, _file_params(path, user, archive),
+                         content=data, timeout=FILE_TIMEOUT)
+    return dict(resp.body)
+
+
+def list_files(sandbox_id: str, path: str, user: str = "user") -> Call:
+    """``GET /v1/sandboxes/{id}/files/list``; returns entry dicts (``name``, ``path``, ``type``, ``size``,
+    ``mode``, ``mtime``) sorted by name."""
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/files/list", None, _file_params(path, user))
+    return list(resp.body["entries"])
+
+
+def stat_file(sandbox_id: str, path: str, user: str = "user") -> Call:
+    """``GET /v1/sandboxes/{id}/files/stat``; returns one entry dict."""
+    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/files/stat", None, _file_params(path, user))
+    return dict(resp.body["entry"])
+
+
+def remove_file(sandbox_id: str, path: str, user: str = "user") -> Call:
+    """``DELETE /v1/sandboxes/{id}/files``: remove a file or a directory tree."""
+    yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}/files", None, _file_params(path, user))
+    return None

@@ -30,6 +30,7 @@ class Server:
     env: dict[str, str]
     home: Path
     log: Path
+    proxy_port: int = 0
 
     def sbx(self, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess[str]:
         """Run ``sbx ARGS`` with this server's client config; returns the completed process (text)."""
@@ -57,14 +58,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         pytest.fail("end-to-end tests boot real sandboxes and must run as root")
     tmp = tmp_path_factory.mktemp("sbx-ctl-e2e")
     port = _free_port()
+    proxy_port = _free_port()
     env = {
         **os.environ,
         "SBX_PROFILE": "test",
         "SBX_STATE_DIR": str(tmp / "state"),
-        "SBX_NODE_NAME": "e2e",
-        "SBX_BRIDGE": "sbxe2e0",
-        "SBX_SUBNET": "10.89.0.0/16",
+        # SBX_E2E_NODE / SBX_E2E_BRIDGE / SBX_E2E_SUBNET let two e2e runs share this host
+        "SBX_NODE_NAME": os.environ.get("SBX_E2E_NODE", "e2e"),
+        "SBX_BRIDGE": os.environ.get("SBX_E2E_BRIDGE", "sbxe2e0"),
+        "SBX_SUBNET": os.environ.get("SBX_E2E_SUBNET", "10.89.0.0/16"),
         "SBX_PORT": str(port),
+        "SBX_PROXY_PORT": str(proxy_port),
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
@@ -89,7 +93,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             time.sleep(0.5)
     cfg = tomllib.loads((tmp / "home" / ".config" / "sbx" / "config.toml").read_text())
     assert cfg["url"] == url
-    srv = Server(url=url, token=cfg["token"], env=env, home=tmp / "home", log=log)
+    srv = Server(url=url, token=cfg["token"], env=env, home=tmp / "home", log=log, proxy_port=proxy_port)
     try:
         yield srv
     finally:

@@ -248,3 +248,18 @@ def test_sandboxes_reach_neither_each_other_nor_the_host(node, sandbox):
     finally:
         host_server.shutdown()
         node.delete(other.id)
+
+
+def test_a_failed_restore_cold_boots_and_keeps_the_error(node, sandbox):
+    run(node, sandbox.id, "echo kept > ~/home-file")
+    node.exec_detached(sandbox.id, "sleep 1000")
+    assert node.stop(sandbox.id) is True
+    memory = node.settings.node_dir / "sandboxes" / sandbox.id / "memory"
+    for pages in memory.glob("pages-*.img"):  # a damaged memory image (host.json still says it is complete)
+        pages.write_bytes(b"\0" * 16)
+    result = node.resume(sandbox.id, sandbox)
+    assert (result.memory_restored, result.reason) == (False, "restore_failed")
+    assert result.error
+    out, _, _ = run(node, sandbox.id, "cat ~/home-file; pgrep -c -x sleep || true")
+    assert out.split() == ["kept", "0"]
+    assert not memory.exists()  # a memory image is used once

@@ -15,9 +15,9 @@ from sbx.control.store import Store, iso, utcnow
 def test_migrations_create_the_schema_and_reopen_cleanly(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'db' / 'sbx.db'}"
     s = Store(url)
-    assert {"sandboxes", "snapshots", "events", "alembic_version"} <= set(inspect(s.engine).get_table_names())
+    assert {"sandboxes", "snapshots", "events", "routes", "alembic_version"} <= set(inspect(s.engine).get_table_names())
     with s.engine.connect() as c:
-        assert c.execute(text("select version_num from alembic_version")).scalar() == "0001"
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0002"
     s.add_event("sb_x", {"event": "state"})
     s.close()
     again = Store(url)

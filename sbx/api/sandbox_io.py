@@ -1,0 +1,302 @@
+"""API endpoints for getting into a sandbox: hosted-port routes, files, and PTY sessions (``sbx ssh``).
+
+Added to the ``/v1`` router by :func:`register` (so they share its bearer auth), except the PTY WebSocket, which
+checks the same token itself::
+
+    POST   /v1/sandboxes/{id}/routes                 host a port {"port","public"}    201 {"route"}
+    GET    /v1/sandboxes/{id}/routes                 its routes                        200 {"routes": [...]}
+    DELETE /v1/sandboxes/{id}/routes/{port}          unhost                            200 {"deleted": port}
+    GET    /v1/sandboxes/{id}/files?path=P           file bytes (streamed)             200 octet-stream
+    GET    /v1/sandboxes/{id}/files?path=D&archive=tar   directory as a tar stream    200 x-tar
+    PUT    /v1/sandboxes/{id}/files?path=P           write a file from the body        200 {"path","size"}
+    PUT    /v1/sandboxes/{id}/files?path=D&archive=tar   extract a tar body into D    200 {"path","size"}
+    DELETE /v1/sandboxes/{id}/files?path=P           remove (recursively)              200 {"deleted": P}
+    GET    /v1/sandboxes/{id}/files/list?path=D      directory entries                 200 {"entries": [...]}
+    GET    /v1/sandboxes/{id}/files/stat?path=P      one entry                         200 {"entry"}
+    WS     /v1/sandboxes/{id}/pty?command=C&user=U&cols=N&rows=N&term=T   a terminal
+
+Files take ``user`` (``user`` or ``root``, default ``user``); see :mod:`sbx.control.files` for paths and errors.
+
+The PTY WebSocket: the client sends binary frames (keyboard bytes) and text frames with JSON
+``{"type":"resize","cols":N,"rows":N}`` or ``{"type":"eof"}`` (sends ^D); the server sends binary frames (terminal
+output) and finally ``{"type":"exit","exitCode":N}``, or ``{"type":"error","code","message"}`` if the session
+cannot start, then closes. Without ``command`` the session is a login shell (``bash -l``); with it, ``bash -lc C``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import struct
+import subprocess
+import termios
+import tty
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request, WebSocket
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocketDisconnect
+
+from sbx.api.models import HostPort
+from sbx.control.errors import ControlError
+from sbx.control.service import EXEC_START_WAIT, ControlPlane
+from sbx.node.types import NodeError
+
+UPLOAD_BATCH = 1 << 20
+"""Bytes of request body gathered before one write into the sandbox."""
+
+
+def register(app: FastAPI, v1: APIRouter, cp: ControlPlane, api_token: str) -> None:
+    """Add the routes, files and PTY endpoints. Call before ``app.include_router(v1)``."""
+    _routes(v1, cp)
+    _files(v1, cp)
+    _pty(app, cp, api_token)
+
+
+def _routes(v1: APIRouter, cp: ControlPlane) -> None:
+    @v1.post("/sandboxes/{sandbox_id}/routes", status_code=201, tags=["ports"])
+    def host_port(sandbox_id: str, body: HostPort) -> dict[str, Any]:
+        """Publish a port of the sandbox at ``https://<port>-<subdomain>.<domain>``; a private route needs its
+        ``token`` (``X-Sbx-Token`` header, or ``?token=`` once, which sets a cookie). Hosting again keeps the
+        token."""
+        row = cp.routes.host(sandbox_id, body.port, body.public)
+        return {"route": cp.routes.view(row, cp.get(sandbox_id).subdomain)}
+
+    @v1.get("/sandboxes/{sandbox_id}/routes", tags=["ports"])
+    def list_routes(sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's hosted ports, by port."""
+        sub = cp.get(sandbox_id).subdomain
+        return {"routes": [cp.routes.view(r, sub) for r in cp.routes.list(sandbox_id)]}
+
+    @v1.delete("/sandboxes/{sandbox_id}/routes/{port}", tags=["ports"])
+    def unhost_port(sandbox_id: str, port: int) -> dict[str, Any]:
+        """Stop publishing a port."""
+        cp.routes.unhost(sandbox_id, port)
+        return {"deleted": port}
+
+
+def _files(v1: APIRouter, cp: ControlPlane) -> None:
+    PathQ = Query(..., description="path in the sandbox (absolute, or relative to the user's home; ~ allowed)")
+    ArchiveQ = Query(None, pattern="^tar$", description="'tar': a directory as a tar stream")
+    UserQ = Query("user", description="'user' (default) or 'root'")
+
+    @v1.get("/sandboxes/{sandbox_id}/files", tags=["files"], response_class=StreamingResponse)
+    def read_file(sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ, user: str = UserQ
+                  ) -> StreamingResponse:
+        """A file's bytes, streamed (or a directory as a tar stream with ``archive=tar``)."""
+        if archive:
+            return StreamingResponse(cp.files.open_tar(sandbox_id, path, user), media_type="application/x-tar")
+        return StreamingResponse(cp.files.open_read(sandbox_id, path, user), media_type="application/octet-stream")
+
+    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"])
+    async def write_file(request: Request, sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ,
+                         user: str = UserQ) -> dict[str, Any]:
+        """Write the request body to a file (parents made, owned by ``user``), or extract a tar body into a
+        directory with ``archive=tar``. The body is streamed into the sandbox."""
+        opener = cp.files.open_untar if archive else cp.files.open_write
+        writer = await run_in_threadpool(opener, sandbox_id, path, user)
+        try:
+            batch: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                batch.append(chunk)
+                size += len(chunk)
+                if size >= UPLOAD_BATCH:
+                    await run_in_threadpool(writer.write, b"".join(batch))
+                    batch, size = [], 0
+            if batch:
+                await run_in_threadpool(writer.write, b"".join(batch))
+        except BaseException:
+            await run_in_threadpool(writer.abort)
+            raise
+        written = await run_in_threadpool(writer.finish)
+        return {"path": path, "size": written}
+
+    @v1.delete("/sandboxes/{sandbox_id}/files", tags=["files"])
+    def remove_file(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+        """Remove a file or a directory with everything in it."""
+        cp.files.remove(sandbox_id, path, user)
+        return {"deleted": path}
+
+    @v1.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
+    def list_files(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+        """A directory's entries: ``{"name","path","type","size","mode","mtime"}``, sorted by name."""
+        return {"entries": cp.files.list(sandbox_id, path, user)}
+
+    @v1.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
+    def stat_file(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+        """One entry for ``path`` (a symlink is followed when it resolves)."""
+        return {"entry": cp.files.stat(sandbox_id, path, user)}
+
+
+# --- PTY sessions ---------------------------------------------------------------------------------------------
+def _set_winsize(fd: int, cols: int, rows: int) -> None:
+    cols = max(1, min(cols, 1000))
+    rows = max(1, min(rows, 1000))
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def _open_pty(cp: ControlPlane, sandbox_id: str, argv: list[str], user: str, term: str
+              ) -> subprocess.Popen[bytes]:
+    if user not in ("user", "root"):
+        raise ControlError("invalid_user", "user must be 'user' or 'root'", 400)
+    cp.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, cp.lifecycle.wait))
+    try:
+        return cp.node.spawn(sandbox_id, argv, user=user, tty=True, env={"TERM": term})
+    except NodeError as e:
+        raise ControlError(e.code, e.message, 409 if e.code == "not_running" else 502) from None
+
+
+async def _fd_ready(fd: int, writer: bool = False) -> None:
+    """Wait until ``fd`` is readable (or writable)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    (loop.add_writer if writer else loop.add_reader)(fd, ready)
+    try:
+        await fut
+    finally:
+        (loop.remove_writer if writer else loop.remove_reader)(fd)
+
+
+def _hang_up(proc: subprocess.Popen[bytes]) -> None:
+    """End a session whose client went away: SIGHUP (runc passes it to the command), then SIGKILL."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGHUP)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _pty(app: FastAPI, cp: ControlPlane, api_token: str) -> None:
+    def authorized(header: str | None) -> bool:
+        scheme, _, cred = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(cred.strip().encode(), api_token.encode())
+
+    @app.websocket("/v1/sandboxes/{sandbox_id}/pty")
+    async def pty_session(ws: WebSocket, sandbox_id: str) -> None:
+        await ws.accept()
+
+        async def refuse(code: str, message: str) -> None:
+            await ws.send_text(json.dumps({"type": "error", "code": code, "message": message}))
+            await ws.close(code=4000)
+
+        if not authorized(ws.headers.get("authorization")):
+            await refuse("unauthorized", "missing or wrong API token")
+            return
+        q = ws.query_params
+        command = q.get("command")
+        argv = ["/bin/bash", "-lc", command] if command else ["/bin/bash", "-l"]
+        try:
+            proc = await run_in_threadpool(_open_pty, cp, sandbox_id, argv, q.get("user", "user"),
+                                           q.get("term") or "xterm-256color")
+        except ControlError as e:
+            await refuse(e.code, e.message)
+            return
+        cp.activity.begin(sandbox_id)
+        master: int = proc.pty_master  # type: ignore[attr-defined]
+        try:
+            await _session(ws, proc, master, _int(q.get("cols"), 80), _int(q.get("rows"), 24),
+                           lambda: cp.activity.touch(sandbox_id))
+        finally:
+            os.close(master)
+            await run_in_threadpool(_hang_up, proc)
+            cp.activity.end(sandbox_id)
+
+
+async def _session(ws: WebSocket, proc: subprocess.Popen[bytes], master: int, cols: int, rows: int,
+                   touch: Callable[[], None]) -> None:
+    os.set_blocking(master, False)
+    with contextlib.suppress(OSError):
+        # the host side of the pair only relays bytes to runc, which relays them to the sandbox's own terminal
+        # (where echo, line editing and ^D happen): keep it raw, so nothing is echoed or cooked twice
+        tty.setraw(master)
+        _set_winsize(master, cols, rows)
+    resized = False
+
+    async def write_all(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(master, view)
+                view = view[n:]
+            except BlockingIOError:
+                await _fd_ready(master, writer=True)
+
+    async def pump_out() -> None:
+        nonlocal resized
+        while True:
+            await _fd_ready(master)
+            try:
+                data = os.read(master, 65536)
+            except BlockingIOError:
+                continue
+            except OSError:  # EIO: the command and runc have closed the terminal
+                return
+            if not data:
+                return
+            if not resized:  # runc handles SIGWINCH only once it relays: tell it the size now
+                resized = True
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGWINCH)
+            await ws.send_bytes(data)
+            touch()
+
+    async def pump_in() -> None:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(msg.get("code", 1000))
+            if msg.get("bytes"):
+                await write_all(msg["bytes"])
+            elif msg.get("text"):
+                try:
+                    ctl = json.loads(msg["text"])
+                except ValueError:
+                    continue
+                if ctl.get("type") == "resize":
+                    with contextlib.suppress(OSError, TypeError, ValueError):
+                        _set_winsize(master, int(ctl["cols"]), int(ctl["rows"]))
+                        proc.send_signal(signal.SIGWINCH)
+                elif ctl.get("type") == "eof":
+                    await write_all(b"\x04")
+            touch()
+
+    out_task = asyncio.create_task(pump_out())
+    in_task = asyncio.create_task(pump_in())
+    try:
+        done, _ = await asyncio.wait({out_task, in_task}, return_when=asyncio.FIRST_COMPLETED)
+        if in_task in done:  # the client left (or sent garbage): end the session
+            return
+        code = await run_in_threadpool(proc.wait)
+        await ws.send_text(json.dumps({"type": "exit", "exitCode": code if code >= 0 else 128 - code}))
+        await ws.close()
+    except WebSocketDisconnect:
+        return
+    finally:
+        for t in (out_task, in_task):
+            t.cancel()
+        for t in (out_task, in_task):
+            with contextlib.suppress(BaseException):
+                await t

@@ -1,0 +1,311 @@
+"""Files in and out of a running sandbox: read, write, list, stat, remove, and tar streams of directories.
+
+Every operation runs a small program *inside* the sandbox through :meth:`sbx.node.types.NodeAgent.spawn`
+(``cat``, ``tar``, ``find``, ``rm`` as the sandbox's ``user`` or ``root``), so a path is resolved only in the
+sandbox's own mount namespace: a symlink in the sandbox pointing at ``/etc/shadow`` names the sandbox's file, never
+the host's, and no host path ever follows a sandbox symlink. Paths are argv entries (never shell text); a leading
+``~`` is the user's home, a relative path is relative to it.
+
+Errors (:class:`ControlError`): 400 ``invalid_path`` / ``invalid_user`` / ``is_a_directory`` /
+``not_a_directory``, 403 ``permission_denied``, 404 ``not_found``, 409 ``not_running`` (with the state), 502
+``file_error`` for anything else the sandbox reports.
+
+Streams: :meth:`Files.open_read` returns an iterator of byte chunks (:data:`CHUNK` bytes at most) that has already
+checked the path, so an API can choose its status before the first byte; :meth:`Files.open_write` returns a writer
+that takes chunks and reports the outcome at :meth:`FileWriter.finish`. Nothing is held in memory whole.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from sbx.control.errors import ControlError
+from sbx.node.types import NodeError
+
+if TYPE_CHECKING:
+    from sbx.control.service import ControlPlane
+
+CHUNK = 1 << 20
+USERS = ("user", "root")
+FILE_START_WAIT = 180.0
+"""Seconds a file operation waits for a provisioning/resuming sandbox before answering 409."""
+
+# Exit codes of the in-sandbox scripts: each names one error.
+_ERRORS = {
+    40: ("invalid_path", 400, "{path}: bad path"),
+    41: ("is_a_directory", 400, "{path} is a directory"),
+    42: ("not_a_directory", 400, "{path} is not a directory"),
+    43: ("permission_denied", 403, "{path}: permission denied"),
+    44: ("not_found", 404, "{path} not found"),
+}
+
+# "$1" is the path. `~` expansion happens in :func:`_norm`, never in a shell.
+_READ = r'''p="$1"
+[ -e "$p" ] || exit 44
+[ -d "$p" ] && exit 41
+[ -r "$p" ] || exit 43
+exec cat -- "$p"'''
+
+_WRITE = r'''p="$1"
+d=$(dirname -- "$p")
+if [ ! -d "$d" ]; then
+  [ -e "$d" ] && exit 42
+  mkdir -p -- "$d" 2>/dev/null || exit 43
+fi
+[ -d "$p" ] && exit 41
+[ -e "$p" ] && { [ -w "$p" ] || exit 43; }
+[ -e "$p" ] || [ -w "$d" ] || exit 43
+exec cat > "$p"'''
+
+_TAR_OUT = r'''p="$1"
+[ -e "$p" ] || exit 44
+[ -d "$p" ] || exit 42
+[ -r "$p" ] && [ -x "$p" ] || exit 43
+exec tar -C "$p" -cf - .'''
+
+_TAR_IN = r'''p="$1"
+if [ ! -d "$p" ]; then
+  [ -e "$p" ] && exit 42
+  mkdir -p -- "$p" 2>/dev/null || exit 43
+fi
+[ -w "$p" ] || exit 43
+exec tar -C "$p" -xf - --no-same-owner'''
+
+# One record per entry: "type size mode mtime" NUL name NUL (names may hold any byte but NUL and '/').
+_FIND_FMT = r"%y %s %m %T@\0%f\0"
+_LIST = r'''p="$1"
+[ -e "$p" ] || exit 44
+[ -d "$p" ] || exit 42
+[ -r "$p" ] && [ -x "$p" ] || exit 43
+exec find -H "$p" -mindepth 1 -maxdepth 1 -printf "$2"'''
+
+_STAT = r'''p="$1"
+[ -e "$p" ] || [ -L "$p" ] || exit 44
+exec find -H "$p" -maxdepth 0 -printf "$2"'''
+
+_REMOVE = r'''p="$1"
+[ -e "$p" ] || [ -L "$p" ] || exit 44
+rm -rf -- "$p" 2>/dev/null
+[ -e "$p" ] || [ -L "$p" ] || exit 0
+exit 43'''
+
+_TYPES = {"f": "file", "d": "directory", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
+
+
+def _norm(path: str, user: str) -> str:
+    """Check ``path`` and expand a leading ``~``; raise 400 ``invalid_path`` for an empty path or a NUL byte."""
+    if not path or "\0" in path or len(path) > 4096:
+        raise ControlError("invalid_path", "path must be 1-4096 characters without NUL bytes", 400)
+    home = "/root" if user == "root" else "/home/user"
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home + path[1:]
+    return path
+
+
+def _parse_entries(raw: bytes, parent: str | None) -> list[dict[str, Any]]:
+    parts = raw.split(b"\0")
+    entries = []
+    for i in range(0, len(parts) - 1, 2):
+        try:
+            kind, size, mode, mtime = parts[i].decode().split(" ")
+        except ValueError:
+            continue
+        name = parts[i + 1].decode("utf-8", "surrogateescape")
+        entries.append({
+            "name": name,
+            "path": (parent.rstrip("/") + "/" + name) if parent is not None else name,
+            "type": _TYPES.get(kind, "other"),
+            "size": int(size),
+            "mode": int(mode, 8),
+            "mtime": float(mtime),
+        })
+    return entries
+
+
+class FileWriter:
+    """An upload in progress: :meth:`write` chunks, then :meth:`finish` (or :meth:`abort`)."""
+
+    def __init__(self, files: Files, sandbox_id: str, path: str, proc: subprocess.Popen[bytes]):
+        self._files = files
+        self.sandbox_id = sandbox_id
+        self.path = path
+        self.proc = proc
+        self.written = 0
+        self._broken = False
+
+    def write(self, chunk: bytes) -> None:
+        """Pass ``chunk`` to the sandbox. After the program in the sandbox has failed, chunks are dropped (so the
+        caller can drain its request and then get the error from :meth:`finish`)."""
+        if self._broken or not chunk:
+            return
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(chunk)
+            self.written += len(chunk)
+        except (BrokenPipeError, ValueError):
+            self._broken = True
+
+    def finish(self) -> int:
+        """Close the stream and wait for the sandbox side; returns the bytes written. Raises the mapped error."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self._files._check(self.proc, self.path)
+        finally:
+            self._files._end(self.sandbox_id)
+        return self.written
+
+    def abort(self) -> None:
+        """Kill the sandbox side (the client went away); a partial file may remain."""
+        self._files._kill(self.proc)
+        self._files._end(self.sandbox_id)
+
+
+class Files:
+    """File operations of a :class:`ControlPlane` (``control.files``). Each counts as activity while it runs."""
+
+    def __init__(self, control: ControlPlane):
+        self.control = control
+
+    # plumbing --------------------------------------------------------------------------------------------------
+    def _spawn(self, sandbox_id: str, script: str, args: list[str], user: str, stdin: bool = False
+               ) -> subprocess.Popen[bytes]:
+        if user not in USERS:
+            raise ControlError("invalid_user", f"user must be one of {', '.join(USERS)}", 400)
+        cp = self.control
+        cp.lifecycle.wait_for(sandbox_id, {"running"}, max(FILE_START_WAIT, cp.lifecycle.wait))
+        cp.activity.begin(sandbox_id)
+        try:
+            return cp.node.spawn(sandbox_id, ["/bin/sh", "-c", script, "sbx", *args], user=user, stdin=stdin)
+        except NodeError as e:
+            cp.activity.end(sandbox_id)
+            if e.code == "not_running":
+                raise ControlError("not_running", e.message, 409, "stopped") from None
+            raise ControlError(e.code, e.message, 404 if e.code == "not_found" else 502) from None
+
+    def _end(self, sandbox_id: str) -> None:
+        self.control.activity.end(sandbox_id)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _raise(code: int, path: str, stderr: bytes) -> None:
+        if code in _ERRORS:
+            name, status, msg = _ERRORS[code]
+            raise ControlError(name, msg.format(path=path), status)
+        text = stderr.decode("utf-8", "replace").strip()[-500:]
+        if "Permission denied" in text:
+            raise ControlError("permission_denied", f"{path}: permission denied", 403)
+        if "No space left" in text:
+            raise ControlError("no_space", f"{path}: no space left on the sandbox's disk", 507)
+        raise ControlError("file_error", f"{path}: {text or f'failed with exit status {code}'}", 502)
+
+    def _check(self, proc: subprocess.Popen[bytes], path: str) -> None:
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        code = proc.wait()
+        proc.stderr.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if code != 0:
+            self._raise(code, path, stderr)
+
+    def _run(self, sandbox_id: str, script: str, args: list[str], user: str, path: str) -> bytes:
+        proc = self._spawn(sandbox_id, script, args, user)
+        try:
+            assert proc.stdout is not None
+            out = proc.stdout.read()
+            self._check(proc, path)
+            return out
+        finally:
+            self._kill(proc)
+            self._end(sandbox_id)
+
+    def _stream(self, sandbox_id: str, script: str, args: list[str], user: str, path: str) -> Iterator[bytes]:
+        proc = self._spawn(sandbox_id, script, args, user)
+        assert proc.stdout is not None
+        try:
+            first = proc.stdout.read1(CHUNK)  # type: ignore[attr-defined]
+            if not first:
+                self._check(proc, path)
+        except BaseException:
+            self._kill(proc)
+            self._end(sandbox_id)
+            raise
+        return self._rest(sandbox_id, proc, first, path)
+
+    def _rest(self, sandbox_id: str, proc: subprocess.Popen[bytes], first: bytes, path: str) -> Iterator[bytes]:
+        assert proc.stdout is not None
+        try:
+            if first:
+                yield first
+                while chunk := proc.stdout.read1(CHUNK):  # type: ignore[attr-defined]
+                    yield chunk
+                self._check(proc, path)
+        finally:
+            self._kill(proc)
+            self._end(sandbox_id)
+
+    # operations ------------------------------------------------------------------------------------------------
+    def open_read(self, sandbox_id: str, path: str, user: str = "user") -> Iterator[bytes]:
+        """The bytes of file ``path`` as chunks. The path is checked before this returns (404, 400
+        ``is_a_directory``, 403, 409). An error after the first chunk ends the iterator with :class:`ControlError`
+        (the caller's stream is cut short)."""
+        p = _norm(path, user)
+        return self._stream(sandbox_id, _READ, [p], user, path)
+
+    def open_tar(self, sandbox_id: str, path: str, user: str = "user") -> Iterator[bytes]:
+        """A tar stream (POSIX tar, members relative to ``path``: ``./a``, ``./dir/b``) of directory ``path``."""
+        p = _norm(path, user)
+        return self._stream(sandbox_id, _TAR_OUT, [p], user, path)
+
+    def open_write(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
+        """Start writing file ``path`` (created or truncated, parent folders made, owned by ``user``)."""
+        p = _norm(path, user)
+        return FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, _WRITE, [p], user, stdin=True))
+
+    def open_untar(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
+        """Start extracting a tar stream into directory ``path`` (made if missing; members owned by ``user``)."""
+        p = _norm(path, user)
+        return FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, _TAR_IN, [p], user, stdin=True))
+
+    def list(self, sandbox_id: str, path: str, user: str = "user") -> list[dict[str, Any]]:
+        """Entries of directory ``path``, sorted by name: ``{"name","path","type","size","mode","mtime"}`` (type
+        ``file``/``directory``/``symlink``/...; size in bytes; mode the permission bits; mtime Unix seconds)."""
+        p = _norm(path, user)
+        raw = self._run(sandbox_id, _LIST, [p, _FIND_FMT], user, path)
+        return sorted(_parse_entries(raw, p), key=lambda e: e["name"])
+
+    def stat(self, sandbox_id: str, path: str, user: str = "user") -> dict[str, Any]:
+        """One entry (as in :meth:`list`) for ``path``; a symlink given as ``path`` is followed when it resolves."""
+        p = _norm(path, user)
+        raw = self._run(sandbox_id, _STAT, [p, _FIND_FMT], user, path)
+        entries = _parse_entries(raw, None)
+        if not entries:
+            raise ControlError("not_found", f"{path} not found", 404)
+        entry = entries[0]
+        entry["path"] = p
+        entry["name"] = p.rstrip("/").rsplit("/", 1)[-1] or "/"
+        return entry
+
+    def remove(self, sandbox_id: str, path: str, user: str = "user") -> None:
+        """Remove ``path`` (a directory with everything in it). Raises 404 when it does not exist."""
+        p = _norm(path, user)
+        self._run(sandbox_id, _REMOVE, [p], user, path)
