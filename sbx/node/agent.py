@@ -54,7 +54,7 @@ from sbx.node.types import (
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config
-from sbx.runtime.runc import CRIU_CONFIG, RuncRuntime, kill_process_group
+from sbx.runtime.runc import CRIU_CONFIG, RuncRuntime, kill_process_group, remove_tree
 from sbx.storage import disk as disks
 from sbx.storage import mounts, space
 from sbx.storage.errors import StorageError
@@ -260,6 +260,7 @@ class LocalNode:
         rec = self._record(sid)
         self._discard_memory(sid)
         self._cleanup_container(sid)
+        self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
         self._mount(sid)
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
         bundle = self._write_bundle(sid, rec, size)
@@ -307,10 +308,10 @@ class LocalNode:
 
     def _cleanup_container(self, sid: str, wait: float = 15.0) -> None:
         """Delete the container and wait until its cgroup holds no process, then remove its veth and cgroups."""
-        if self.runtime.state(sid) is not None:
-            self.runtime.delete(sid)
+        self.runtime.delete(sid)
         deadline = time.monotonic() + wait
         while cgroup.has_processes(self._cgroup_path(sid)) and time.monotonic() < deadline:
+            cgroup.kill_all(self._cgroup_path(sid))
             time.sleep(0.05)
         try:
             network.unwire_sandbox(self._lease(sid))
@@ -319,10 +320,8 @@ class LocalNode:
         cgroup.remove_tree(self._cgroup_path(sid))
 
     def _discard_memory(self, sid: str) -> None:
-        mem = self._memory(sid)
-        if mem.exists():
-            shutil.rmtree(mem, ignore_errors=True)
-        shutil.rmtree(self._dir(sid) / "criu-work", ignore_errors=True)
+        remove_tree(self._memory(sid))
+        remove_tree(self._dir(sid) / "criu-work")
 
     # ----------------------------------------------------------------- NodeAgent
 

@@ -8,6 +8,8 @@ container at ``<controller>/<cgroupsPath>``. File meanings follow the kernel's c
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +80,27 @@ def has_processes(cgroup_path: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def kill_all(cgroup_path: str) -> int:
+    """SIGKILL every task in the memory cgroup at ``cgroup_path`` and below (what a failed restore or a crashed
+    container leaves behind). Returns how many were signalled."""
+    base = CGROUP_ROOT / "memory" / cgroup_path.lstrip("/")
+    count = 0
+    if not base.is_dir():
+        return 0
+    for procs in base.rglob("cgroup.procs"):
+        try:
+            pids = [int(x) for x in procs.read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                count += 1
+            except OSError:
+                pass
+    return count
 
 
 def remove_tree(cgroup_path: str) -> None:

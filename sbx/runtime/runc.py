@@ -48,14 +48,27 @@ class RuncRuntime:
         return {**os.environ, "PATH": path}
 
     def _run(self, op: str, args: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> str:
+        """Run a runc command in its own session; on timeout kill the whole session (runc and the CRIU it
+        started: a restore from a damaged memory image can spin forever) and raise :class:`RuntimeError_`."""
+        p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, start_new_session=True)
         try:
-            p = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-                               env=env)
+            out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError_(op, f"timed out after {timeout} s") from e
+            try:
+                os.killpg(p.pid, _signal.SIGKILL)
+            except OSError:
+                pass
+            # Tasks CRIU was restoring live in sessions of their own and may still hold our pipes: don't drain
+            # them; the caller kills what is left in the container's cgroup.
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
+            p.wait()
+            raise RuntimeError_(op, f"timed out after {timeout:.0f} s") from e
         if p.returncode != 0:
-            raise RuntimeError_(op, (p.stderr or p.stdout).strip()[-2000:])
-        return p.stdout
+            raise RuntimeError_(op, (err or out).strip()[-2000:])
+        return out
 
     def boot(self, cid: str, bundle: Path) -> None:
         self._run("boot", self._cmd("run", "-d", "--bundle", str(bundle), cid))
@@ -86,8 +99,7 @@ class RuncRuntime:
         does not block the stop; the bundle's CRIU config (:data:`CRIU_CONFIG`) restores such connections closed,
         so their processes see a reset while listeners keep answering."""
         for d in (image_dir, work_dir):
-            if d.exists():
-                shutil.rmtree(d)
+            remove_tree(d)
         image_dir.mkdir(mode=0o700, parents=True)
         work_dir.mkdir(mode=0o700, parents=True)
         try:
@@ -99,13 +111,16 @@ class RuncRuntime:
             raise RuntimeError_("checkpoint", f"{e.detail}\n{log_tail(work_dir, 'dump.log')}") from e
 
     def restore(self, cid: str, bundle: Path, image_dir: Path, work_dir: Path) -> None:
-        if work_dir.exists():
-            shutil.rmtree(work_dir)
+        """Restore detached. Times out after 30 s plus 1 s per 20 MiB of image (a healthy 1 GiB restore takes
+        under 2 s here), so a damaged image fails the restore instead of hanging it."""
+        image_mib = sum(f.stat().st_size for f in image_dir.iterdir() if f.is_file()) >> 20
+        timeout = 30 + image_mib / 20
+        remove_tree(work_dir)
         work_dir.mkdir(mode=0o700, parents=True)
         try:
             self._run("restore", [self.runc, "--root", str(self.state_root), "--criu", str(self.criu),
                                   "restore", "-d", "--image-path", str(image_dir), "--work-path", str(work_dir),
-                                  "--bundle", str(bundle), cid], timeout=600, env=self._criu_env())
+                                  "--bundle", str(bundle), cid], timeout=timeout, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("restore", f"{e.detail}\n{log_tail(work_dir, 'restore.log')}") from e
 
@@ -127,7 +142,16 @@ class RuncRuntime:
         subprocess.run(self._cmd("kill", cid, str(int(signal))), capture_output=True, stdin=subprocess.DEVNULL)
 
     def delete(self, cid: str) -> None:
+        """``runc delete --force``; then drop runc's state directory for ``cid`` if it is still there (a restore
+        killed half-way leaves one that ``runc state`` can't read and ``runc run`` trips over)."""
+        # A killed `runc restore` leaves the sandbox's root bind-mounted at <state>/<cid>/criu-root, and
+        # `runc delete` removes its state directory recursively: through that mount it would delete the
+        # sandbox's files (measured). Detach every mount below the state directory first.
+        detach_mounts_below(self.state_root / cid)
         subprocess.run(self._cmd("delete", "--force", cid), capture_output=True, stdin=subprocess.DEVNULL)
+        leftover = self.state_root / cid
+        if leftover.is_dir():
+            remove_tree(leftover)
 
     def list(self) -> list[str]:
         p = subprocess.run(self._cmd("list", "--format", "json"), capture_output=True, text=True,
@@ -135,6 +159,69 @@ class RuncRuntime:
         if p.returncode != 0 or not p.stdout.strip() or p.stdout.strip() == "null":
             return []
         return [c["id"] for c in json.loads(p.stdout)]
+
+
+def detach_mounts_below(path: Path) -> None:
+    """Lazily unmount every mount point strictly below ``path`` (deepest first)."""
+    prefix = os.path.realpath(path) + "/"
+    with open("/proc/self/mountinfo") as f:
+        targets = [line.split()[4] for line in f]
+    for target in sorted((t for t in targets if t.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory runc or CRIU worked in without ever crossing into another filesystem.
+
+    A killed CRIU leaves its cgroup yard mounted in the work directory and a killed ``runc restore`` leaves the
+    sandbox's root bind-mounted at ``<state>/<cid>/criu-root``: a plain recursive delete would walk into those
+    mounts and delete the sandbox's files or fight cgroupfs. Here every directory that is a mount point (listed in
+    mountinfo, or on another device) is unmounted lazily and never descended into; it is only ``rmdir``-ed."""
+    if not path.exists():
+        return
+    with open("/proc/self/mountinfo") as f:
+        mounts = {line.split()[4] for line in f}
+    root_dev = os.lstat(path).st_dev
+
+    def is_mount(p: str, st: os.stat_result) -> bool:
+        return p in mounts or st.st_dev != root_dev
+
+    def detach(p: str) -> None:
+        subprocess.run(["umount", "-R", "-l", p], capture_output=True)
+        try:
+            os.rmdir(p)
+        except OSError:
+            pass
+
+    def clear(d: str) -> None:
+        with os.scandir(d) as it:
+            entries = list(it)
+        for e in entries:
+            st = e.stat(follow_symlinks=False)
+            if e.is_dir(follow_symlinks=False):
+                if is_mount(e.path, st):
+                    detach(e.path)
+                    continue
+                clear(e.path)
+                try:
+                    os.rmdir(e.path)
+                except OSError:
+                    pass
+            else:
+                try:
+                    os.unlink(e.path)
+                except OSError:
+                    pass
+
+    top = os.path.realpath(path)
+    if is_mount(top, os.lstat(top)):
+        detach(top)
+        return
+    clear(top)
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
 
 
 def kill_process_group(pid_file: Path, sig: int = _signal.SIGKILL) -> bool:
