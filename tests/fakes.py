@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -331,6 +333,18 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05):  # typ
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+def serve_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+    """The app on a real port with a FakeNode; SBX_URL/SBX_TOKEN point at it and HOME is a temp dir (a fixture
+    body: ``yield from serve_live(tmp_path, monkeypatch)``)."""
+    server = LiveServer(tmp_path).start()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("SBX_URL", server.url)
+    monkeypatch.setenv("SBX_TOKEN", server.token)
+    yield server
+    server.stop()
 
 
 class LiveServer:

@@ -50,6 +50,14 @@ SNAPSHOT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_MAX = 200
 
 
+
+def _check_name_and_ttl(name: str | None, ttl: int | None) -> None:
+    """400 ``invalid_name`` for a blank or over-long name, 400 ``invalid_ttl`` for a negative ttl."""
+    if name is not None and (not name.strip() or len(name) > NAME_MAX):
+        raise ControlError("invalid_name", f"name must be 1-{NAME_MAX} characters and not blank", 400)
+    if ttl is not None and ttl < 0:
+        raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
+
 class _Already(Exception):
     """Raised inside a check to end a request early: the sandbox is already where the request wants it."""
 
@@ -331,36 +339,14 @@ class ControlPlane:
         ``auto_resume``: a request on one of its hosted ports resumes it when it is stopped.
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
         size = self._size(type)
-        if name is not None and (not name.strip() or len(name) > NAME_MAX):
-            raise ControlError("invalid_name", f"name must be 1-{NAME_MAX} characters and not blank", 400)
-        if ttl is not None and ttl < 0:
-            raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
+        _check_name_and_ttl(name, ttl)
         if from_snapshot is not None and self.store.get_snapshot(from_snapshot) is None:
             raise not_found(f"snapshot {from_snapshot}")
-        sandbox_id = new_sandbox_id()
-        while self.store.get_sandbox(sandbox_id) is not None:
-            sandbox_id = new_sandbox_id()
-        subdomain = new_subdomain(self.store.subdomain_taken)
-        now = utcnow()
-        row = SandboxRow(
-            id=sandbox_id,
-            name=name if name is not None else subdomain,
-            type=size.name,
-            state="provisioning",
-            subdomain=subdomain,
-            ttl=DEFAULT_TTL if ttl is None else ttl,
-            env=dict(env or {}),
-            no_snapshots=no_snapshots,
-            memory_restored=None,
-            resume_reason=None,
-            has_memory=False,
-            auto_resume=auto_resume,
-            from_snapshot=from_snapshot,
-            created_at=now,
-            updated_at=now,
+        row = self._add_new_row(
+            "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
+            no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
         )
-        self.store.add_sandbox(row)
-        self._on_transition(row, "")
+        sandbox_id = row.id
         spec = self._spec(row, size)
 
         def work() -> None:
@@ -369,6 +355,23 @@ class ControlPlane:
             self.lifecycle.transition(sandbox_id, "running")
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
+        return row
+
+    def _add_new_row(self, state: str, size: Size, name: str | None, ttl: int, env: dict[str, str],
+                     **extra: Any) -> SandboxRow:
+        """Store a new sandbox row in ``state`` with a fresh unique id and subdomain (the name defaults to the
+        subdomain) and publish its first transition. ``extra`` sets further columns (``no_snapshots``,
+        ``source_id``...)."""
+        sandbox_id = new_sandbox_id()
+        while self.store.get_sandbox(sandbox_id) is not None:
+            sandbox_id = new_sandbox_id()
+        subdomain = new_subdomain(self.store.subdomain_taken)
+        now = utcnow()
+        row = SandboxRow(id=sandbox_id, name=subdomain if name is None else name, type=size.name, state=state,
+                         subdomain=subdomain, ttl=ttl, env=env, memory_restored=None, resume_reason=None,
+                         has_memory=False, created_at=now, updated_at=now, **extra)
+        self.store.add_sandbox(row)
+        self._on_transition(row, "")
         return row
 
     def stop(self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None) -> SandboxRow:
@@ -528,35 +531,15 @@ class ControlPlane:
                 f"and disks only grow; fork at {source.type} or bigger",
                 400,
             )
-        if name is not None and (not name.strip() or len(name) > NAME_MAX):
-            raise ControlError("invalid_name", f"name must be 1-{NAME_MAX} characters and not blank", 400)
-        if ttl is not None and ttl < 0:
-            raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
+        _check_name_and_ttl(name, ttl)
         source = self.lifecycle.acquire_hold(source_id, {"running", "stopped"}, wait, "fork it")
         try:
-            fork_id = new_sandbox_id()
-            while self.store.get_sandbox(fork_id) is not None:
-                fork_id = new_sandbox_id()
-            subdomain = new_subdomain(self.store.subdomain_taken)
-            now = utcnow()
-            row = SandboxRow(
-                id=fork_id,
-                name=name if name is not None else f"{source.name} (fork)",
-                type=size.name,
-                state="forking",
-                subdomain=subdomain,
-                ttl=self.settings.fork_default_ttl if ttl is None else ttl,
-                env=dict(source.env if env is None else env),
-                no_snapshots=False,
-                memory_restored=None,
-                resume_reason=None,
-                has_memory=False,
-                source_id=source_id,
-                created_at=now,
-                updated_at=now,
+            row = self._add_new_row(
+                "forking", size, f"{source.name} (fork)" if name is None else name,
+                self.settings.fork_default_ttl if ttl is None else ttl, dict(source.env if env is None else env),
+                no_snapshots=False, source_id=source_id,
             )
-            self.store.add_sandbox(row)
-            self._on_transition(row, "")
+            fork_id = row.id
         except BaseException:
             self.lifecycle.release_hold(source_id)
             raise

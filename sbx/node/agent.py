@@ -192,6 +192,13 @@ class LocalNode:
             gw = str(network.gateway_of(self.settings.subnet).ip)
             return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
 
+    def _new_record(self, spec: SandboxSpec, **extra: Any) -> None:
+        """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease)."""
+        self._dir(spec.id).mkdir(parents=True, exist_ok=True)
+        rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
+               "size": spec.size.name, "oomKills": 0, **extra}
+        self._save(spec.id, rec)
+
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
         return {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
@@ -330,18 +337,7 @@ class LocalNode:
             base = self.image if from_snapshot is None else self._snapshot_path(from_snapshot)
             if not base.is_file():
                 raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
-            d = self._dir(spec.id)
-            d.mkdir(parents=True, exist_ok=True)
-            self._save(
-                spec.id,
-                {
-                    "spec": self._spec_dict(spec),
-                    "lease": self._new_lease(spec.id),
-                    "phase": "creating",
-                    "size": spec.size.name,
-                    "oomKills": 0,
-                },
-            )
+            self._new_record(spec)
             try:
                 disks.create_disk(base, self._disk(spec.id), spec.size.disk_mib)
             except StorageError as e:
@@ -633,20 +629,9 @@ class LocalNode:
     # ----------------------------------------------------------------- fork and snapshots
 
     def fork(self, source_id: str, spec: SandboxSpec) -> None:
-        src_rec = self._record(source_id)
+        self._record(source_id)  # raises not_found for an unknown source
         with self._lock(spec.id):
-            self._dir(spec.id).mkdir(parents=True, exist_ok=True)
-            self._save(
-                spec.id,
-                {
-                    "spec": self._spec_dict(spec),
-                    "lease": self._new_lease(spec.id),
-                    "phase": "creating",
-                    "size": spec.size.name,
-                    "oomKills": 0,
-                    "forkedFrom": source_id,
-                },
-            )
+            self._new_record(spec, forkedFrom=source_id)
             with self._lock(source_id):
                 mp = disks.mounted_at(self._disk(source_id))
                 try:
@@ -655,7 +640,6 @@ class LocalNode:
                     raise NodeError("fork_failed", str(e)) from e
             if spec.size.disk_mib > self._disk_mib(spec.id):
                 disks.grow(self._disk(spec.id), spec.size.disk_mib)
-            del src_rec
             self._set_phase(spec.id, "stopped")
             self._boot(spec.id, spec.size, fresh_identity=True)
 

@@ -1,12 +1,9 @@
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
-from tests.fakes import Api, make_api  # noqa: E402
+from tests.fakes import Api, make_api
 
 
 @pytest.fixture

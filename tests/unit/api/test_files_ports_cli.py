@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sbx.cli.files import _safe_members, parse_remote
 from sbx.cli.main import app
-from tests.fakes import LiveServer
+from tests.fakes import LiveServer, serve_live
 from tests.unit.api.test_files_ports import SpawnNode
 
 runner = CliRunner(mix_stderr=False)
@@ -28,13 +28,7 @@ def sbx(*args: str, input: bytes | None = None):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
     monkeypatch.setattr("tests.fakes.FakeNode", SpawnNode)
-    server = LiveServer(tmp_path).start()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.setenv("SBX_URL", server.url)
-    monkeypatch.setenv("SBX_TOKEN", server.token)
-    yield server
-    server.stop()
+    yield from serve_live(tmp_path, monkeypatch)
 
 
 def new() -> str:

@@ -1,13 +1,10 @@
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
-from sbx.control.store import Store  # noqa: E402
-from tests.fakes import FakeNode  # noqa: E402
+from sbx.control.store import Store
+from tests.fakes import FakeNode
 
 
 @pytest.fixture
