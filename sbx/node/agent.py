@@ -521,7 +521,10 @@ class LocalNode:
                 self._set_phase(id, rec["phase"] if rec["phase"] == "checkpointed" else "stopped")
                 return rec["phase"] == "checkpointed"
             rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(id))
+            # No CRIU log may be left from earlier: reconcile reads its presence as "CRIU touched this stop".
+            remove_tree(self._dir(id) / "criu-work")
             rec["phase"] = "stopping"
+            rec["stopKeepMemory"] = keep_memory
             self._save(id, rec)
             saved = False
             if keep_memory:
@@ -757,7 +760,11 @@ class LocalNode:
         """Bring every sandbox on this node to a consistent state after a (possibly crashed) start:
 
         - containers, mounts, veths and sandbox folders of ids the control plane doesn't know are removed;
-        - a known sandbox whose container still runs stays running (it survived the server restart);
+        - a stop the crash interrupted is finished: if CRIU had not started yet (no ``dump.log``) the container
+          is intact and is checkpointed again; if it had, the container is not trusted (a CRIU killed while its
+          parasite code runs in the tasks leaves them damaged: measured, they die moments later) and is killed;
+        - a known sandbox whose container still runs (and no stop was interrupted) stays running: it survived the
+          server restart;
         - otherwise any half-made container is removed, the disk unmounted, and the sandbox is ``checkpointed``
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
@@ -778,7 +785,15 @@ class LocalNode:
                 if not (self._dir(sid) / "node.json").is_file():
                     result[sid] = "absent"
                     continue
-                if self.runtime.state(sid) == "running":
+                rec = self._record(sid)
+                running = self.runtime.state(sid) == "running"
+                if rec["phase"] == "stopping":
+                    untouched = not (self._dir(sid) / "criu-work" / "dump.log").exists()
+                    if running and untouched:
+                        saved = self.stop(sid, keep_memory=rec.get("stopKeepMemory", True))
+                        result[sid] = "checkpointed" if saved else "stopped"
+                        continue
+                elif running:
                     self._set_phase(sid, "running")
                     result[sid] = "running"
                     continue
