@@ -13,7 +13,15 @@ server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do sbx list >/dev/null 2>&1 && break; kill -0 $server || { cat "$log"; exit 1; }; sleep 0.5; done
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+# Print a command as it would be typed (arguments with spaces or shell characters in single quotes), then run it.
+step() {
+  local shown="" a
+  for a in "$@"; do
+    if [[ $a =~ ^[A-Za-z0-9_./:=@%+-]+$ ]]; then shown+=" $a"; else shown+=" '${a//\'/\'\\\'\'}'"; fi
+  done
+  printf '\n\033[1m$%s\033[0m\n' "$shown"
+  "$@"
+}
 
 id=$(sbx new --type small --name demo --json | jq -r .sandbox.id)
 echo "created $id"

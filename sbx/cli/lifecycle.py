@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import typer
@@ -69,7 +70,8 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_column()
     for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
                 "ttl", "subdomain", "url", "createdAt", "updatedAt"):
-        table.add_row(key, str(sb.get(key)))
+        value = sb.get(key)
+        table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
     st = sb.get("stats") or {}
     table.add_row("memory", f"{st.get('memoryUsedMb', 0)} / {st.get('memoryTotalMb', 0)} MB")
     table.add_row("cpu", f"{st.get('cpuPercent', 0)} %")

@@ -16,6 +16,7 @@ The container's network namespace is made by runc; :func:`wire_sandbox` runs fro
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -40,6 +41,15 @@ class Lease:
 def veth_name(sandbox_id: str) -> str:
     """Host-side veth name for a sandbox: ``v`` + the 10 characters after ``sb_`` (15-byte IFNAMSIZ limit)."""
     return "v" + sandbox_id.removeprefix("sb_")[:14]
+
+
+def mac_for(host_veth: str) -> str:
+    """A stable, locally administered MAC address for a sandbox's ``eth0`` (from its veth name). A real machine
+    keeps its MAC across reboots; so does a sandbox across restore and cold boot, so the host's ARP cache never
+    points at a MAC that is gone (with a new random MAC each time, the first connections after a resume went
+    nowhere until the stale neighbour entry expired)."""
+    digest = hashlib.sha256(host_veth.encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
 
 
 def gateway_of(subnet: str) -> ipaddress.IPv4Interface:
@@ -121,6 +131,7 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
             ipr.link("del", index=idx)
         ipr.link("add", ifname=lease.host_veth, kind="veth", peer=tmp_peer)
         peer_idx = ipr.link_lookup(ifname=tmp_peer)[0]
+        ipr.link("set", index=peer_idx, address=mac_for(lease.host_veth))
         fd = os.open(netns_path, os.O_RDONLY)
         try:
             ipr.link("set", index=peer_idx, net_ns_fd=fd)
@@ -130,6 +141,11 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
         br_idx = ipr.link_lookup(ifname=bridge)[0]
         ipr.link("set", index=host_idx, master=br_idx)
         ipr.link("set", index=host_idx, state="up")
+        address = str(ipaddress.IPv4Interface(lease.address).ip)
+        try:  # drop what the host remembered about this address (a neighbour entry from before a restore)
+            ipr.neigh("del", dst=address, ifindex=br_idx)
+        except NetlinkError:
+            pass
     # Port isolation: pyroute2 0.7 has no bridge-port attribute helper for it, so use iproute2's `bridge`.
     subprocess.run(["bridge", "link", "set", "dev", lease.host_veth, "isolated", "on"], check=True, capture_output=True)
     iface = ipaddress.IPv4Interface(lease.address)
