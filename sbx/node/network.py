@@ -16,6 +16,7 @@ The container's network namespace is made by runc; :func:`wire_sandbox` runs fro
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import ipaddress
 import json
@@ -116,8 +117,7 @@ def remove_bridge(bridge: str, node_name: str) -> None:
     """Delete the bridge and this node's nftables table (used by tests and ``reconcile``)."""
     subprocess.run(["nft", "delete", "table", "inet", _nft_table(node_name)], capture_output=True)
     with IPRoute() as ipr:
-        for idx in ipr.link_lookup(ifname=bridge):
-            ipr.link("del", index=idx)
+        _delete_link(ipr, bridge)
 
 
 def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
@@ -127,8 +127,7 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
     netns_path = f"/proc/{pid}/ns/net"
     tmp_peer = "p" + lease.host_veth[1:]
     with IPRoute() as ipr:
-        for idx in ipr.link_lookup(ifname=lease.host_veth):
-            ipr.link("del", index=idx)
+        _delete_link(ipr, lease.host_veth)
         ipr.link("add", ifname=lease.host_veth, kind="veth", peer=tmp_peer)
         peer_idx = ipr.link_lookup(ifname=tmp_peer)[0]
         ipr.link("set", index=peer_idx, address=mac_for(lease.host_veth))
@@ -159,8 +158,8 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
         ns.link("set", index=idx, state="up")
         try:
             ns.route("add", dst="default", gateway=lease.gateway)
-        except NetlinkError as e:  # EEXIST: already there
-            if e.code != 17:
+        except NetlinkError as e:  # already there
+            if e.code != errno.EEXIST:
                 raise
     finally:
         ns.close()
@@ -169,8 +168,18 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
 def unwire_sandbox(lease: Lease) -> None:
     """Remove the host end of a sandbox's veth pair if it is still there (deleting one end removes both)."""
     with IPRoute() as ipr:
-        for idx in ipr.link_lookup(ifname=lease.host_veth):
+        _delete_link(ipr, lease.host_veth)
+
+
+def _delete_link(ipr: IPRoute, name: str) -> None:
+    """Delete interface ``name`` if it exists. A veth vanishes by itself when its container's network namespace
+    goes away, possibly between the lookup and the delete: "No such device" (ENODEV) then means done."""
+    for idx in ipr.link_lookup(ifname=name):
+        try:
             ipr.link("del", index=idx)
+        except NetlinkError as e:
+            if e.code != errno.ENODEV:
+                raise
 
 
 def host_veths(prefix: str = "v") -> list[str]:
