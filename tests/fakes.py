@@ -283,7 +283,7 @@ class FakeNode:
             self._kill_jobs(box)
             shutil.rmtree(box.dir, ignore_errors=True)
 
-    def stats(self, id: str) -> Stats:
+    def stats(self, id: str, space: bool = True) -> Stats:
         box = self._running(id)
         self.stats_calls += 1
         return Stats(

@@ -61,7 +61,7 @@ from sbx.api.models import (
     StopSandbox,
 )
 from sbx.config import Settings
-from sbx.control.errors import ControlError
+from sbx.control.errors import ControlError, from_node
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
@@ -148,8 +148,8 @@ def create_app(
 
     @app.exception_handler(NodeError)
     async def _node_error(_req: Request, exc: NodeError) -> JSONResponse:
-        status = 404 if exc.code == "not_found" else 502
-        return _error(status, exc.code, exc.message)
+        mapped = from_node(exc.code, exc.message)
+        return _error(mapped.status, mapped.code, mapped.message)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -206,7 +206,7 @@ def create_app(
     @v1.get("/sandboxes", tags=["sandboxes"])
     def list_sandboxes() -> dict[str, Any]:
         """Every sandbox that is not deleted, oldest first, with fresh stats for running ones."""
-        return {"sandboxes": [cp.view(r) for r in cp.list_sandboxes()]}
+        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes()]}
 
     @v1.get("/sandboxes/{sandbox_id}", tags=["sandboxes"])
     def get_sandbox(sandbox_id: str) -> dict[str, Any]:

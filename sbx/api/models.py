@@ -3,11 +3,33 @@ rejected with ``422 invalid_request``."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 class _Body(BaseModel):
+    """Base of every body. A NUL character anywhere in it (JSON allows ``\\u0000``) is refused with 422: no
+    command, path, name or environment variable can carry one to the sandbox's processes."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        if _has_nul(data):
+            raise ValueError("strings must not contain NUL characters")
+        return data
 
 
 class CreateSandbox(_Body):

@@ -34,7 +34,7 @@ def busy(sandbox_id: str, state: str) -> ControlError:
 
 
 # Node error codes that mean "not possible now" rather than "the node broke".
-NODE_CONFLICT_CODES = {"cpu_mismatch", "no_checkpoint", "memory_unavailable"}
+NODE_CONFLICT_CODES = {"cpu_mismatch", "no_checkpoint", "memory_unavailable", "not_running", "snapshot_exists"}
 
 
 def from_node(code: str, message: str) -> ControlError:
@@ -42,6 +42,8 @@ def from_node(code: str, message: str) -> ControlError:
     :data:`NODE_CONFLICT_CODES` -> 409, anything else -> 502 (the node failed)."""
     if code == "not_found":
         return ControlError(code, message, 404)
+    if code.startswith("invalid_"):  # the node refused the request's content (invalid_resize, invalid_snapshot_name)
+        return ControlError(code, message, 400)
     if code in NODE_CONFLICT_CODES:
         return ControlError(code, message, 409)
     return ControlError(code, message, 502)

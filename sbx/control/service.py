@@ -186,21 +186,23 @@ class ControlPlane:
             known = ", ".join(self.settings.sizes)
             raise ControlError("invalid_type", f"unknown type {name!r}; use one of: {known}", 400) from None
 
-    def _stats(self, row: SandboxRow) -> Stats | None:
-        """A node sample for a running sandbox; for a stopped one too (the node then reports disk space only)."""
+    def _stats(self, row: SandboxRow, space: bool = True) -> Stats | None:
+        """A node sample for a running sandbox; for a stopped one too (the node then reports disk space only).
+        ``space=False`` skips the disk's unique bytes (a scan of the whole volume)."""
         if row.state not in ("running", "stopped"):
             return None
         try:
-            return self.node.stats(row.id)
+            return self.node.stats(row.id, space=space)
         except NodeError as e:
             if row.state == "running":
                 log.warning("stats of %s failed: %s", row.id, e)
             return None
 
-    def view(self, row: SandboxRow, stats: bool = True) -> dict[str, Any]:
+    def view(self, row: SandboxRow, stats: bool = True, space: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
         memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, stats. ``stats`` is a
-        fresh node sample while running (while stopped: disk space only), zeros otherwise."""
+        fresh node sample while running (while stopped: disk space only), zeros otherwise; ``space=False`` leaves
+        ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on the volume)."""
         size = self.settings.sizes.get(row.type)
         return {
             "id": row.id,
@@ -218,7 +220,7 @@ class ControlPlane:
             "url": sandbox_url(row.subdomain, self.settings.domain),
             "ttl": row.ttl,
             "autoResume": bool(row.auto_resume),
-            "stats": _stats_view(self._stats(row) if stats else None),
+            "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
@@ -236,7 +238,7 @@ class ControlPlane:
                 "state": "ready",
                 "url": sandbox_url(row.subdomain, self.settings.domain),
                 "subdomain": row.subdomain,
-                "sandbox": self.view(row),
+                "sandbox": self.view(row, space=False),
             }
         elif row.state == "error":
             payload = {
@@ -669,7 +671,6 @@ class ControlPlane:
         if not command:
             raise ControlError("invalid_request", "command must not be empty", 422)
         self.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, self.lifecycle.wait))
-        self.activity.begin(sandbox_id)
         return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd)
 
     def _exec(
@@ -677,6 +678,9 @@ class ControlPlane:
         cwd: str | None,
     ) -> Iterator[dict[str, Any]]:
         decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
+        # begin/end both run inside this generator: a response the client dropped before its first chunk never
+        # starts it, and then neither runs (an eager begin would leave the sandbox "active" for ever).
+        self.activity.begin(sandbox_id)
         try:
             for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd):
                 self.activity.touch(sandbox_id)

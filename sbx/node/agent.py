@@ -104,6 +104,7 @@ class LocalNode:
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
         self._lxcfs: Path | None = None
+        self._cpu_samples: dict[str, tuple[float, int]] = {}
 
     # ----------------------------------------------------------------- setup
 
@@ -181,23 +182,24 @@ class LocalNode:
         return network.lease_from_json(json.dumps(self._record(sid)["lease"]))
 
     def _new_lease(self, sid: str) -> dict[str, str]:
-        with self._lease_lock:
-            taken = set()
-            for rec in self.sandboxes_dir.glob("*/node.json"):
-                try:
-                    taken.add(json.loads(rec.read_text())["lease"]["address"])
-                except (OSError, ValueError, KeyError):
-                    continue
-            addr = network.allocate(self.settings.subnet, taken)
-            gw = str(network.gateway_of(self.settings.subnet).ip)
-            return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
+        """A free address on the bridge; call with ``_lease_lock`` held until the record holding it is saved."""
+        taken = set()
+        for rec in self.sandboxes_dir.glob("*/node.json"):
+            try:
+                taken.add(json.loads(rec.read_text())["lease"]["address"])
+            except (OSError, ValueError, KeyError):
+                continue
+        addr = network.allocate(self.settings.subnet, taken)
+        gw = str(network.gateway_of(self.settings.subnet).ip)
+        return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
 
     def _new_record(self, spec: SandboxSpec, **extra: Any) -> None:
         """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease)."""
         self._dir(spec.id).mkdir(parents=True, exist_ok=True)
-        rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
-               "size": spec.size.name, "oomKills": 0, **extra}
-        self._save(spec.id, rec)
+        with self._lease_lock:  # two creates at once must not pick the same address
+            rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
+                   "size": spec.size.name, "oomKills": 0, **extra}
+            self._save(spec.id, rec)
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
@@ -602,8 +604,8 @@ class LocalNode:
                             raise
                         reason, error = "restore_failed", e.message
                         log.warning("restore of %s failed, cold booting: %s", id, e.message)
-            if require_memory and reason != "no_checkpoint":
-                raise NodeError("invalid_require_memory", f"memory can't be restored ({reason})")
+            if require_memory:  # nothing was restored: refuse rather than boot from disk
+                raise NodeError("no_checkpoint", f"memory can't be restored ({reason}); the sandbox stays stopped")
             if resized or cold:
                 try:
                     disks.grow(self._disk(id), spec.size.disk_mib)
@@ -642,7 +644,10 @@ class LocalNode:
                 except StorageError as e:
                     raise NodeError("fork_failed", str(e)) from e
             if spec.size.disk_mib > self._disk_mib(spec.id):
-                disks.grow(self._disk(spec.id), spec.size.disk_mib)
+                try:
+                    disks.grow(self._disk(spec.id), spec.size.disk_mib)
+                except StorageError as e:
+                    raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
             self._set_phase(spec.id, "stopped")
             self._boot(spec.id, spec.size, fresh_identity=True)
 
@@ -728,15 +733,22 @@ class LocalNode:
         except (StorageError, OSError):
             return 0, 0
 
-    def stats(self, id: str) -> Stats:
+    def stats(self, id: str, space: bool = True) -> Stats:
         """A fresh sample: memory, CPU and in-sandbox disk use while running (zeros otherwise), OOM kills, and
-        the disk image's allocated and unique bytes on the volume (running or not, see :meth:`_disk_space`).
+        the disk image's allocated and unique bytes on the volume (running or not, see :meth:`_disk_space`; with
+        ``space=False`` unique bytes are 0 and no other image is read). CPU percent is measured since this node's
+        previous sample of the sandbox (a 0.1 s window the first time).
         Raises ``NodeError("not_found")`` for a sandbox this node does not have."""
         rec = self._record(id)
-        alloc, unique = self._disk_space(id)
+        if space:
+            alloc, unique = self._disk_space(id)
+        else:
+            disk = self._disk(id)
+            alloc, unique = (_allocated(disk), 0)
         if self.runtime.state(id) != "running":
             return Stats(0, 0, 0.0, 0, rec.get("oomKills", 0), alloc, unique)
-        s = cgroup.sample(self._cgroup_path(id))
+        s = cgroup.sample(self._cgroup_path(id), previous=self._cpu_samples.get(id))
+        self._cpu_samples[id] = s.cpu_mark
         st = os.statvfs(self._rootfs(id))
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         return Stats(
@@ -821,6 +833,14 @@ class LocalNode:
         """The host path of a running sandbox's root filesystem (read with :mod:`sbx.node.guestfs` only)."""
         self._require_running(sid)
         yield self._rootfs(sid)
+
+
+def _allocated(disk: Path) -> int:
+    """Bytes the image maps on the volume (0 when it is missing)."""
+    try:
+        return space.allocated_bytes(disk)
+    except (StorageError, OSError):
+        return 0
 
 
 def _resolv_conf() -> str:

@@ -26,6 +26,7 @@ class CgroupSample:
     memory_used: int
     oom_kills: int
     cpu_percent: float
+    cpu_mark: tuple[float, int] = (0.0, 0)
 
 
 def _read_int(p: Path, default: int = 0) -> int:
@@ -52,19 +53,26 @@ def oom_kills(cgroup_path: str) -> int:
     return _kv(CGROUP_ROOT / "memory" / cgroup_path.lstrip("/") / "memory.oom_control").get("oom_kill", 0)
 
 
-def sample(cgroup_path: str, window: float = 0.1) -> CgroupSample:
-    """Sample the cgroup now; CPU use is measured over ``window`` seconds. Missing cgroup files read as 0."""
+def sample(cgroup_path: str, window: float = 0.1, previous: tuple[float, int] | None = None) -> CgroupSample:
+    """Sample the cgroup now. CPU use is measured since ``previous`` (the ``cpu_mark`` of an earlier sample:
+    monotonic seconds, CPU nanoseconds) when it is given and at least 0.05 s old and at most 60 s, else over a
+    ``window`` of seconds slept here. Missing cgroup files read as 0."""
     mem = CGROUP_ROOT / "memory" / cgroup_path.lstrip("/")
     cpu = CGROUP_ROOT / "cpuacct" / cgroup_path.lstrip("/") / "cpuacct.usage"
-    t0, u0 = time.monotonic(), _read_int(cpu)
-    time.sleep(window)
-    t1, u1 = time.monotonic(), _read_int(cpu)
+    now, usage = time.monotonic(), _read_int(cpu)
+    if previous is not None and 0.05 <= now - previous[0] <= 60 and usage >= previous[1]:
+        t0, u0, t1, u1 = previous[0], previous[1], now, usage
+    else:
+        t0, u0 = now, usage
+        time.sleep(window)
+        t1, u1 = time.monotonic(), _read_int(cpu)
     used = _read_int(mem / "memory.usage_in_bytes") - _kv(mem / "memory.stat").get("total_inactive_file", 0)
     return CgroupSample(
         memory_limit=_read_int(mem / "memory.limit_in_bytes"),
         memory_used=max(used, 0),
         oom_kills=oom_kills(cgroup_path),
         cpu_percent=round(max(u1 - u0, 0) / 1e9 / (t1 - t0) * 100, 1),
+        cpu_mark=(t1, u1),
     )
 
 

@@ -177,8 +177,9 @@ class NodeAgent(Protocol):
         """Kill the sandbox if it runs and remove its disk, checkpoints and network."""
         ...
 
-    def stats(self, id: str) -> Stats:
-        """A fresh sample (never a cached one)."""
+    def stats(self, id: str, space: bool = True) -> Stats:
+        """A fresh sample (never a cached one). ``space=False`` leaves out the disk's unique bytes, which take a
+        scan of every image on the volume (list views and events don't need them)."""
         ...
 
     def status(self, id: str) -> NodeStatus:

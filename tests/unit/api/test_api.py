@@ -420,7 +420,7 @@ def test_stats_and_snapshots_carry_space_figures(api: Api, monkeypatch: pytest.M
 
     sid = api.new()["id"]
 
-    def stats(id: str) -> Stats:
+    def stats(id: str, space: bool = True) -> Stats:
         if api.node.status(id) != "running":
             return Stats(0, 0, 0.0, 0, 0, disk_allocated_bytes=300 << 20, disk_unique_bytes=5 << 20)
         return Stats(256, 42, 1.5, 7, 0, disk_allocated_bytes=300 << 20, disk_unique_bytes=60 << 20)
@@ -444,3 +444,14 @@ def test_stats_and_snapshots_carry_space_figures(api: Api, monkeypatch: pytest.M
     stopped = api.sandbox(sid)["stats"]  # a stopped sandbox still reports its disk's space, nothing else
     assert (stopped["diskAllocatedBytes"], stopped["diskUniqueBytes"], stopped["memoryUsedMb"]) == (
         300 << 20, 5 << 20, 0)
+
+
+def test_a_nul_character_in_a_body_is_refused_not_a_500(api: Api) -> None:
+    sid = api.new()["id"]
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": "echo a\u0000b"})
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": "true", "env": {"A": "x\u0000"}})
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    r = api.post(f"/v1/sandboxes/{sid}/jobs", json={"command": "sleep 1\u0000"})
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    assert "NUL" in r.json()["error"]["message"]
