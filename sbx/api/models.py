@@ -3,7 +3,7 @@ rejected with ``422 invalid_request``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -83,7 +83,7 @@ class ExecCommand(_Body):
 
     command: str = Field(min_length=1)
     timeout: float | None = Field(30.0, ge=0)
-    user: str = "user"
+    user: Literal["user", "root"] = "user"
     env: dict[str, str] | None = None
     cwd: str | None = None
 
@@ -92,7 +92,7 @@ class StartJob(_Body):
     """``POST /v1/sandboxes/{id}/jobs``: ``command`` to run detached, ``user``."""
 
     command: str = Field(min_length=1)
-    user: str = "user"
+    user: Literal["user", "root"] = "user"
 
 
 class HostPort(_Body):

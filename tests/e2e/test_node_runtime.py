@@ -16,6 +16,7 @@ import pytest
 
 from sbx.config import load_settings
 from sbx.node.agent import LocalNode
+from sbx.node.network import remove_bridge
 from sbx.node.types import NodeError, SandboxSpec
 
 pytestmark = pytest.mark.e2e
@@ -37,6 +38,7 @@ def node():
     n.reconcile({})
     yield n
     n.reconcile({})
+    remove_bridge(n.settings.bridge, n.settings.node_name)
 
 
 _counter = iter(range(1, 10_000))

@@ -455,3 +455,11 @@ def test_a_nul_character_in_a_body_is_refused_not_a_500(api: Api) -> None:
     r = api.post(f"/v1/sandboxes/{sid}/jobs", json={"command": "sleep 1\u0000"})
     assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
     assert "NUL" in r.json()["error"]["message"]
+
+
+def test_exec_runs_as_user_or_root_only(api: Api) -> None:
+    sid = api.new()["id"]
+    r = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": "id", "user": "bob"})
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    r = api.post(f"/v1/sandboxes/{sid}/jobs", json={"command": "id", "user": "bob"})
+    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
