@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.helpers import poll
+
 pytestmark = pytest.mark.e2e
 
 # The guide's commands, verbatim (``$src`` / ``$c`` are set by the test, as the guide's reader sets them).
@@ -88,17 +90,6 @@ def host_disk(server: Any, sid: str) -> Path:
 def host_uuid(path: Path) -> str:
     return subprocess.run(["blkid", "-p", "-o", "value", "-s", "UUID", str(path)], capture_output=True, text=True,
                           check=True).stdout.strip()
-
-
-def poll(fn: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.5)
 
 
 @dataclass

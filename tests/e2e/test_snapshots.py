@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
+
+from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -86,17 +87,6 @@ def volume_free(server: Any) -> int:
 
     st = os.statvfs(load_settings(node_name=server.env["SBX_NODE_NAME"], profile="test").volume)
     return st.f_bavail * st.f_frsize
-
-
-def poll(fn: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} (last: {value!r})")
-        time.sleep(0.5)
 
 
 def stats(server: Any, sid: str) -> dict[str, Any]:

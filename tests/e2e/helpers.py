@@ -1,0 +1,19 @@
+"""Helpers shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def poll(fn: Any, what: str, timeout: float = 60.0) -> Any:
+    """Call ``fn`` every 0.5 s until it returns something truthy (returned), for at most ``timeout`` seconds;
+    then fail with ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} (last: {value!r})")
+        time.sleep(0.5)
