@@ -772,6 +772,7 @@ class LocalNode:
         """Bring every sandbox on this node to a consistent state after a (possibly crashed) start:
 
         - containers, mounts, veths and sandbox folders of ids the control plane doesn't know are removed;
+        - runc commands a dead node process left running (a checkpoint, say) are killed first;
         - a stop the crash interrupted is finished: if CRIU had not started yet (no ``dump.log``) the container
           is intact and is checkpointed again; if it had, the container is not trusted (a CRIU killed while its
           parasite code runs in the tasks leaves them damaged: measured, they die moments later) and is killed;
@@ -781,6 +782,10 @@ class LocalNode:
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
         result: dict[str, NodeStatus] = {}
+        # A node that died mid-operation leaves its runc commands running (they have sessions of their own):
+        # stop them before looking at what they were working on.
+        if self.runtime.kill_orphans():
+            time.sleep(0.2)
         for cid in self.runtime.list():
             if cid not in known:
                 self.runtime.delete(cid)

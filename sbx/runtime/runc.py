@@ -153,6 +153,30 @@ class RuncRuntime:
         if leftover.is_dir():
             remove_tree(leftover)
 
+    def kill_orphans(self) -> int:
+        """SIGKILL every runc command still running against this state root (and everything in its session: the
+        CRIU it started), e.g. a checkpoint left behind by a node process that died. runc commands run in
+        sessions of their own (see :meth:`_run`), so they outlive their caller. Returns how many were killed."""
+        marker = ["--root", str(self.state_root)]
+        killed = 0
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if not argv or os.path.basename(argv[0]) != "runc":
+                continue
+            if any(argv[i:i + 2] == marker for i in range(len(argv) - 1)):
+                pid = int(proc.name)
+                try:
+                    os.killpg(os.getpgid(pid), _signal.SIGKILL)
+                    killed += 1
+                except OSError:
+                    pass
+        return killed
+
     def list(self) -> list[str]:
         p = subprocess.run(self._cmd("list", "--format", "json"), capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
