@@ -291,15 +291,7 @@ class LocalNode:
         state = ""
         while time.monotonic() < deadline:
             p = subprocess.run(
-                [
-                    self.runtime.runc,
-                    "--root",
-                    str(self.runtime.state_root),
-                    "exec",
-                    sid,
-                    "systemctl",
-                    "is-system-running",
-                ],
+                self.runtime.cmd("exec", sid, "systemctl", "is-system-running"),
                 capture_output=True,
                 text=True,
                 stdin=subprocess.DEVNULL,
@@ -492,20 +484,17 @@ class LocalNode:
         uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
         home = "/root" if user == "root" else "/home/user"
         envs = _login_env(user, {**rec["spec"].get("env", {}), **(env or {})})
-        args = [self.runtime.runc, "--root", str(self.runtime.state_root), "exec", "--user", f"{uid}:{gid}",
-                "--cwd", home]
-        for e in envs:
-            args += ["--env", e]
         if tty:
             import pty
 
             master, slave = pty.openpty()
-            proc = subprocess.Popen([*args, "--tty", id, *argv], stdin=slave, stdout=slave, stderr=slave,
-                                    start_new_session=True)
+            args = self.runtime.exec_command(id, argv, uid=uid, gid=gid, cwd=home, env=envs, extra=("--tty",))
+            proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
             os.close(slave)
             proc.pty_master = master  # type: ignore[attr-defined]
             return proc
-        return subprocess.Popen([*args, id, *argv], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        args = self.runtime.exec_command(id, argv, uid=uid, gid=gid, cwd=home, env=envs)
+        return subprocess.Popen(args, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def address(self, id: str) -> str:

@@ -15,20 +15,16 @@ import subprocess
 import time
 from pathlib import Path
 
+from sbx.storage import mounts
+
 LXCFS_DIR = Path("/var/lib/lxcfs")
 log = logging.getLogger("sbx.node")
 
 
 def is_mounted(path: Path = LXCFS_DIR) -> bool:
     """True when an LXCFS (FUSE) filesystem is mounted at ``path``."""
-    try:
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            parts = line.split()
-            if len(parts) > 2 and parts[1] == str(path) and "lxcfs" in (parts[0] + parts[2]):
-                return True
-    except OSError:
-        pass
-    return False
+    m = mounts.mount_at(path)
+    return m is not None and "lxcfs" in (m.source + m.fstype)
 
 
 def ensure_lxcfs(path: Path = LXCFS_DIR, wait: float = 5.0) -> Path | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sbx.runtime.base import ContainerState, RuntimeError_
 from sbx.runtime.criu import log_tail
+from sbx.storage import mounts
 
 # The CRIU configuration file a bundle points at with the ``org.criu.config`` annotation (runc's checkpoint
 # docs): established TCP connections come back closed rather than failing the restore when their peer has
@@ -38,8 +39,18 @@ class RuncRuntime:
         self.runc = shutil.which(runc) or runc
         state_root.mkdir(parents=True, exist_ok=True)
 
-    def _cmd(self, *args: str) -> list[str]:
+    def cmd(self, *args: str) -> list[str]:
+        """A runc command line on this node's state root: ``runc --root <state_root> ARGS``."""
         return [self.runc, "--root", str(self.state_root), *args]
+
+    def exec_command(self, cid: str, argv: list[str], *, uid: int, gid: int, cwd: str, env: list[str],
+                     extra: tuple[str, ...] = ()) -> list[str]:
+        """The ``runc exec`` command line running ``argv`` in ``cid`` as ``uid:gid`` in ``cwd`` with ``env``
+        (``KEY=VALUE`` strings); ``extra`` are further exec flags (``--tty``, ``--pid-file F``)."""
+        args = self.cmd("exec", "--user", f"{uid}:{gid}", "--cwd", cwd, *extra)
+        for e in env:
+            args += ["--env", e]
+        return [*args, cid, *argv]
 
     def _criu_env(self) -> dict[str, str]:
         """runc's environment for checkpoint/restore: sid's iptables wrappers (``<criu_dir>/bin``) first on PATH,
@@ -71,21 +82,18 @@ class RuncRuntime:
         return out
 
     def boot(self, cid: str, bundle: Path) -> None:
-        self._run("boot", self._cmd("run", "-d", "--bundle", str(bundle), cid))
+        self._run("boot", self.cmd("run", "-d", "--bundle", str(bundle), cid))
 
     def exec(self, cid: str, argv: list[str], *, uid: int, gid: int, cwd: str, env: list[str],
              pid_file: Path) -> subprocess.Popen[bytes]:
-        args = self._cmd("exec", "--user", f"{uid}:{gid}", "--cwd", cwd, "--pid-file", str(pid_file))
-        for e in env:
-            args += ["--env", e]
-        return subprocess.Popen([*args, cid, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        args = self.exec_command(cid, argv, uid=uid, gid=gid, cwd=cwd, env=env, extra=("--pid-file", str(pid_file)))
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def run(self, cid: str, argv: list[str], *, input: bytes | None = None, timeout: float = 60) -> bytes:
         """Run ``argv`` as root in the container, wait, and return its stdout. Raises :class:`RuntimeError_`
         on a non-zero exit (with its stderr)."""
         try:
-            p = subprocess.run(self._cmd("exec", cid, *argv), input=input, capture_output=True, timeout=timeout,
+            p = subprocess.run(self.cmd("exec", cid, *argv), input=input, capture_output=True, timeout=timeout,
                                stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise RuntimeError_("exec", f"{argv[0]} timed out after {timeout} s") from e
@@ -103,9 +111,9 @@ class RuncRuntime:
         image_dir.mkdir(mode=0o700, parents=True)
         work_dir.mkdir(mode=0o700, parents=True)
         try:
-            self._run("checkpoint", [self.runc, "--root", str(self.state_root), "--criu", str(self.criu),
-                                     "checkpoint", "--image-path", str(image_dir), "--work-path", str(work_dir),
-                                     "--empty-ns", "network", "--tcp-established", cid],
+            self._run("checkpoint", self.cmd("--criu", str(self.criu), "checkpoint", "--image-path", str(image_dir),
+                                             "--work-path", str(work_dir), "--empty-ns", "network",
+                                             "--tcp-established", cid),
                       timeout=600, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("checkpoint", f"{e.detail}\n{log_tail(work_dir, 'dump.log')}") from e
@@ -118,14 +126,14 @@ class RuncRuntime:
         remove_tree(work_dir)
         work_dir.mkdir(mode=0o700, parents=True)
         try:
-            self._run("restore", [self.runc, "--root", str(self.state_root), "--criu", str(self.criu),
-                                  "restore", "-d", "--image-path", str(image_dir), "--work-path", str(work_dir),
-                                  "--bundle", str(bundle), cid], timeout=timeout, env=self._criu_env())
+            self._run("restore", self.cmd("--criu", str(self.criu), "restore", "-d", "--image-path", str(image_dir),
+                                          "--work-path", str(work_dir), "--bundle", str(bundle), cid),
+                      timeout=timeout, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("restore", f"{e.detail}\n{log_tail(work_dir, 'restore.log')}") from e
 
     def _state(self, cid: str) -> dict | None:
-        p = subprocess.run(self._cmd("state", cid), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        p = subprocess.run(self.cmd("state", cid), capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             return None
         return json.loads(p.stdout)
@@ -139,7 +147,7 @@ class RuncRuntime:
         return int(s["pid"]) if s and s.get("pid") else None
 
     def kill(self, cid: str, signal: int = _signal.SIGKILL) -> None:
-        subprocess.run(self._cmd("kill", cid, str(int(signal))), capture_output=True, stdin=subprocess.DEVNULL)
+        subprocess.run(self.cmd("kill", cid, str(int(signal))), capture_output=True, stdin=subprocess.DEVNULL)
 
     def delete(self, cid: str) -> None:
         """``runc delete --force``; then drop runc's state directory for ``cid`` if it is still there (a restore
@@ -148,7 +156,7 @@ class RuncRuntime:
         # `runc delete` removes its state directory recursively: through that mount it would delete the
         # sandbox's files (measured). Detach every mount below the state directory first.
         detach_mounts_below(self.state_root / cid)
-        subprocess.run(self._cmd("delete", "--force", cid), capture_output=True, stdin=subprocess.DEVNULL)
+        subprocess.run(self.cmd("delete", "--force", cid), capture_output=True, stdin=subprocess.DEVNULL)
         leftover = self.state_root / cid
         if leftover.is_dir():
             remove_tree(leftover)
@@ -178,7 +186,7 @@ class RuncRuntime:
         return killed
 
     def list(self) -> list[str]:
-        p = subprocess.run(self._cmd("list", "--format", "json"), capture_output=True, text=True,
+        p = subprocess.run(self.cmd("list", "--format", "json"), capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
         if p.returncode != 0 or not p.stdout.strip() or p.stdout.strip() == "null":
             return []
@@ -188,8 +196,7 @@ class RuncRuntime:
 def detach_mounts_below(path: Path) -> None:
     """Lazily unmount every mount point strictly below ``path`` (deepest first)."""
     prefix = os.path.realpath(path) + "/"
-    with open("/proc/self/mountinfo") as f:
-        targets = [line.split()[4] for line in f]
+    targets = [str(m.mountpoint) for m in mounts.mounts()]
     for target in sorted((t for t in targets if t.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "-l", target], capture_output=True)
 
@@ -203,12 +210,11 @@ def remove_tree(path: Path) -> None:
     mountinfo, or on another device) is unmounted lazily and never descended into; it is only ``rmdir``-ed."""
     if not path.exists():
         return
-    with open("/proc/self/mountinfo") as f:
-        mounts = {line.split()[4] for line in f}
+    mountpoints = {str(m.mountpoint) for m in mounts.mounts()}
     root_dev = os.lstat(path).st_dev
 
     def is_mount(p: str, st: os.stat_result) -> bool:
-        return p in mounts or st.st_dev != root_dev
+        return p in mountpoints or st.st_dev != root_dev
 
     def detach(p: str) -> None:
         subprocess.run(["umount", "-R", "-l", p], capture_output=True)
