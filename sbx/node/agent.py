@@ -209,6 +209,7 @@ class LocalNode:
 
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
         bundle = self._bundle(sid)
+        self._lxcfs = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
         cpus = min(size.vcpus, os.cpu_count() or 1)
@@ -218,7 +219,7 @@ class LocalNode:
             vcpus=size.vcpus,
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
-            lxcfs_dir=str(self._lxcfs) if self._lxcfs and lxcfs.is_mounted(self._lxcfs) else None,
+            lxcfs_dir=str(self._lxcfs) if self._lxcfs else None,
             hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -37,6 +37,7 @@ from typing import Any
 
 from sbx.config import Settings
 from sbx.node import image as image_mod
+from sbx.node import lxcfs
 from sbx.node.types import NodeError
 
 Progress = Callable[[str], None]
@@ -472,4 +473,19 @@ def doctor(settings: Settings) -> list[Check]:
     except OSError as e:
         ok, detail = False, str(e)
     checks.append(Check("ip forwarding", ok, detail, "" if ok else "run as root; allow net.ipv4.ip_forward=1"))
+
+    checks.append(_check_lxcfs())
     return checks
+
+
+def _check_lxcfs() -> Check:
+    """LXCFS gives each sandbox its own /proc/meminfo and uptime. Not running is fine (the node starts it);
+    a mount whose daemon died is reported, and the next boot replaces it."""
+    if shutil.which("lxcfs") is None:
+        return Check("lxcfs", False, "not installed: sandboxes see the host's memory", "apt-get install lxcfs")
+    if not lxcfs.is_mounted():
+        return Check("lxcfs", True, f"installed; the node starts it at {lxcfs.LXCFS_DIR}")
+    if lxcfs.is_alive():
+        return Check("lxcfs", True, f"running at {lxcfs.LXCFS_DIR}")
+    return Check("lxcfs", False, f"{lxcfs.LXCFS_DIR} is mounted but its daemon died",
+                 "nothing to do: the next boot detaches it and starts lxcfs again")

@@ -111,6 +111,7 @@ def test_doctor_reports_every_check(tmp_path: Path) -> None:
         "kernel",
         "user namespaces",
         "ip forwarding",
+        "lxcfs",
     ]
     by_name = {c.name: c for c in checks}
     assert all(isinstance(c, Check) and c.detail for c in checks)
@@ -118,6 +119,16 @@ def test_doctor_reports_every_check(tmp_path: Path) -> None:
     for name in ("criu", "criu check", "data volume", "base image"):
         assert not by_name[name].ok and by_name[name].fix
     assert all(c.fix == "" for c in checks if c.ok)
+
+
+def test_doctor_reports_a_mount_left_by_a_dead_lxcfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hostsetup.lxcfs, "is_mounted", lambda path=None: True)
+    monkeypatch.setattr(hostsetup.lxcfs, "is_alive", lambda path=None: False)
+    monkeypatch.setattr(hostsetup.shutil, "which", lambda name: f"/usr/bin/{name}")
+    check = hostsetup._check_lxcfs()
+    assert not check.ok and "daemon died" in check.detail and check.fix
+    monkeypatch.setattr(hostsetup.lxcfs, "is_alive", lambda path=None: True)
+    assert hostsetup._check_lxcfs().ok
 
 
 def test_doctor_sees_a_fake_old_criu(tmp_path: Path) -> None:
