@@ -86,6 +86,9 @@ class Settings:
     auto_snapshot_seconds: int = 600
     auto_snapshot_keep: int = 3
     fork_default_ttl: int = 3600
+    require_memory_wait: float = 120.0
+    """Seconds a ``require_memory`` resume waits for a host matching the memory image's CPU, kernel and CRIU
+    before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -133,6 +136,7 @@ _ENV_FIELDS = {
     "SBX_PROXY_PORT": ("proxy_port", int),
     "SBX_PROFILE": ("profile", str),
     "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
+    "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
 }
 
 

@@ -46,7 +46,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
-from sbx.control.service import EXEC_START_WAIT, ControlPlane
+from sbx.control.service import ControlPlane
 from sbx.node.types import NodeError
 
 UPLOAD_BATCH = 1 << 20
@@ -154,7 +154,7 @@ def _open_pty(cp: ControlPlane, sandbox_id: str, argv: list[str], user: str, ter
               ) -> subprocess.Popen[bytes]:
     if user not in ("user", "root"):
         raise ControlError("invalid_user", "user must be 'user' or 'root'", 400)
-    cp.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, cp.lifecycle.wait))
+    cp.wait_running(sandbox_id)
     try:
         return cp.node.spawn(sandbox_id, argv, user=user, tty=True, env={"TERM": term})
     except NodeError as e:

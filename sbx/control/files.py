@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 USERS = ("user", "root")
-FILE_START_WAIT = 180.0
-"""Seconds a file operation waits for a provisioning/resuming sandbox before answering 409."""
 
 # Exit codes of the in-sandbox scripts: each names one error.
 _ERRORS = {
@@ -180,7 +178,7 @@ class Files:
         if user not in USERS:
             raise ControlError("invalid_user", f"user must be one of {', '.join(USERS)}", 400)
         cp = self.control
-        cp.lifecycle.wait_for(sandbox_id, {"running"}, max(FILE_START_WAIT, cp.lifecycle.wait))
+        cp.wait_running(sandbox_id)
         cp.activity.begin(sandbox_id)
         try:
             return cp.node.spawn(sandbox_id, ["/bin/sh", "-c", script, "sbx", *args], user=user, stdin=stdin)

@@ -43,8 +43,9 @@ DEFAULT_TTL = 3600
 DEFAULT_EXEC_TIMEOUT = 30.0
 """Seconds an exec may run when the caller gives no timeout (the seed: "The default is 30 seconds")."""
 
-EXEC_START_WAIT = 180.0
-"""Seconds an exec waits for a provisioning/resuming sandbox to reach running before answering 409 busy."""
+START_WAIT = 180.0
+"""Seconds an exec, a job, a file transfer or a shell waits for a provisioning/resuming sandbox to reach running
+before answering 409 busy."""
 
 SNAPSHOT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_MAX = 200
@@ -579,6 +580,12 @@ class ControlPlane:
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
 
+    def wait_running(self, sandbox_id: str) -> SandboxRow:
+        """Wait (up to :data:`START_WAIT` seconds, or the lifecycle's own wait if longer) for a provisioning or
+        resuming sandbox to run; return its row. Raises 404, 409 ``not_running`` (stopped, error...) or 409
+        ``busy`` (still starting). What exec, jobs, files and shells call before they touch the node."""
+        return self.lifecycle.wait_for(sandbox_id, {"running"}, max(START_WAIT, self.lifecycle.wait))
+
     def wait_settled(self, sandbox_id: str, timeout: float = 600.0) -> SandboxRow:
         """Block until the sandbox leaves its transient state (at most ``timeout`` seconds); return the row.
 
@@ -670,7 +677,7 @@ class ControlPlane:
         (or ``{"error": {"code","message"}}`` if the node fails mid-way). The run counts as activity."""
         if not command:
             raise ControlError("invalid_request", "command must not be empty", 422)
-        self.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, self.lifecycle.wait))
+        self.wait_running(sandbox_id)
         return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd)
 
     def _exec(
@@ -704,7 +711,7 @@ class ControlPlane:
         """Start ``command`` as a detached job; returns its :class:`JobInfo`. Raises 404, 409 ``not_running``."""
         if not command:
             raise ControlError("invalid_request", "command must not be empty", 422)
-        self.lifecycle.wait_for(sandbox_id, {"running"}, max(EXEC_START_WAIT, self.lifecycle.wait))
+        self.wait_running(sandbox_id)
         self.activity.touch(sandbox_id)
         try:
             return self.node.exec_detached(sandbox_id, command, user=user)

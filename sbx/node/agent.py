@@ -575,13 +575,13 @@ class LocalNode:
             elif recorded is None:
                 reason = "no_checkpoint"
             else:
-                current = criu.host_fingerprint(str(self.runtime.criu))
-                diff = criu.fingerprint_mismatch(recorded, current)
+                wait = self.settings.require_memory_wait if require_memory else 0.0
+                diff = self._host_mismatch(mem, wait)
                 if diff and require_memory:
                     raise NodeError(
                         "cpu_mismatch",
                         "the memory image was made on a host with a different "
-                        f"{', '.join(diff)}; no matching host is available",
+                        f"{', '.join(diff)}; no matching host came up within {wait:.0f} s",
                     )
                 if diff:
                     reason = "cpu_mismatch"
@@ -605,6 +605,19 @@ class LocalNode:
             if error:
                 self._set_phase(id, "running", lastError=error)
             return ResumeResult(memory_restored=False, reason=reason, error=error)
+
+    def _host_mismatch(self, mem: Path, wait: float) -> list[str]:
+        """What differs between the host the memory image in ``mem`` was made on and this one (``cpuModel``,
+        ``cpuFlagsSha256``, ``kernel``, ``criu``; see :mod:`sbx.runtime.criu`); empty when they match. With ``wait``
+        > 0, checks again every 2 s for up to ``wait`` seconds until they match."""
+        deadline = time.monotonic() + wait
+        while True:
+            recorded = criu.read_fingerprint(mem) or {}
+            diff = criu.fingerprint_mismatch(recorded, criu.host_fingerprint(str(self.runtime.criu)))
+            left = deadline - time.monotonic()
+            if not diff or left <= 0:
+                return diff
+            time.sleep(min(2.0, left))
 
     def _restore(self, sid: str, size: Size) -> None:
         rec = self._record(sid)

@@ -38,6 +38,7 @@ from typing import Any
 from sbx.config import Settings
 from sbx.node import image as image_mod
 from sbx.node import lxcfs
+from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
 
 Progress = Callable[[str], None]
@@ -107,14 +108,7 @@ def _noop(_msg: str) -> None:
 
 
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    except FileNotFoundError as e:
-        raise HostSetupError(f"{what}: {argv[0]} not found") from e
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
-        raise HostSetupError(f"{what} failed (exit {proc.returncode}): {tail}")
-    return proc.stdout
+    return run_checked(argv, what, HostSetupError, env=env).stdout
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ Importing this module has no side effects.
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import json
 import os
@@ -25,13 +24,14 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sbx.config import Settings
 from sbx.guest import recipe
+from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
+from sbx.storage.locks import file_lock
 
 Progress = Callable[[str], None]
 
@@ -230,18 +230,6 @@ def image_path(settings: Settings) -> Path:
     return settings.images_dir / f"{recipe.recipe_hash()}.ext4"
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
 def ensure_image(settings: Settings, progress: Progress | None = None) -> Path:
     """Return the path of the base image for the current recipe, building it first if it is missing.
 
@@ -257,7 +245,7 @@ def ensure_image(settings: Settings, progress: Progress | None = None) -> Path:
     if target.is_file():
         return target
     digest = target.stem
-    with _locked(target.parent / f"{digest}.lock"):
+    with file_lock(target.parent / f"{digest}.lock"):
         if target.is_file():
             return target
         build_image(target, say)
@@ -307,15 +295,8 @@ def build_image(target: Path, progress: Progress | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(argv: list[str], what: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
-    except FileNotFoundError as e:
-        raise ImageError(f"{what}: {argv[0]} is not installed ({e})") from e
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout or "").strip()[-2000:]
-        raise ImageError(f"{what} failed (exit {proc.returncode}): {tail}")
-    return proc  # type: ignore[no-any-return]
+def _run(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    return run_checked(argv, what, ImageError)
 
 
 def _bootstrap(rootfs: Path, lines: list[str], say: Progress) -> None:

@@ -153,7 +153,12 @@ class NodeAgent(Protocol):
 
     def resume(self, id: str, spec: SandboxSpec, *, cold: bool = False, require_memory: bool = False) -> ResumeResult:
         """Bring a stopped sandbox back at ``spec.size``. Restores memory when a usable image exists and
-        ``cold`` is False (``cold`` is set for a resize: the disk is grown first); otherwise cold-boots."""
+        ``cold`` is False (``cold`` is set for a resize: the disk is grown first); otherwise cold-boots.
+
+        With ``require_memory`` it never cold-boots: when the memory image was made on a host with another CPU
+        model/flags, kernel or CRIU, it waits up to ``settings.require_memory_wait`` seconds (120 by default)
+        for a matching host, then raises ``cpu_mismatch``; with no usable image it raises ``no_checkpoint``;
+        a failed restore raises ``restore_failed``."""
         ...
 
     def fork(self, source_id: str, spec: SandboxSpec) -> None:

@@ -12,7 +12,6 @@ Units: sizes given as ``*_mib`` are MiB (1 MiB = 1048576 bytes); ``*_bytes`` are
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 from sbx.storage import mounts
 from sbx.storage._proc import run
 from sbx.storage.errors import StorageError
+from sbx.storage.locks import file_lock
 from sbx.storage.reflink import clone
 
 MiB = 1024 * 1024
@@ -345,16 +345,6 @@ class Seal:
 _SEQ_FILE = re.compile(r"^(\d+)\.(ext4|json)$")
 
 
-@contextmanager
-def _dir_lock(d: Path) -> Iterator[None]:
-    fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _write_manifest(s: Seal) -> None:
     tmp = s.manifest_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(s.manifest(), indent=1) + "\n")
@@ -389,7 +379,7 @@ def seal(path: PathLike, seal_dir: PathLike, *, mountpoint: PathLike | None = No
         raise StorageError("not_found", f"{src} does not exist")
     d = Path(seal_dir)
     d.mkdir(parents=True, exist_ok=True)
-    with _dir_lock(d):
+    with file_lock(d / ".lock"):
         existing = list_seals(d)
         used = [int(m.group(1)) for f in d.iterdir() if (m := _SEQ_FILE.match(f.name))]
         seq = max(used, default=0) + 1
@@ -437,7 +427,7 @@ def delete_seal(seal_dir: PathLike, seq: int) -> None:
     """Delete seal ``seq`` (image and manifest); its children's ``parent`` becomes its own parent so the chain
     stays whole. Only blocks no other file shares are freed. Raises ``StorageError("not_found")``."""
     d = Path(seal_dir)
-    with _dir_lock(d):
+    with file_lock(d / ".lock"):
         gone = get_seal(d, seq)
         for s in list_seals(d):
             if s.parent == seq:

@@ -8,10 +8,7 @@ reflink filesystem (XFS or btrfs) at ``settings.volume`` uses that as is.
 
 from __future__ import annotations
 
-import fcntl
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +16,10 @@ from sbx.config import Settings
 from sbx.storage import mounts
 from sbx.storage._proc import run
 from sbx.storage.errors import StorageError
+from sbx.storage.locks import file_lock
 from sbx.storage.reflink import supports_reflink
 
 GiB = 1024**3
-
-
-@contextmanager
-def _locked(home: Path) -> Iterator[None]:
-    """Serialise volume set-up between processes on this host (flock on ``home/.volume.lock``)."""
-    home.mkdir(parents=True, exist_ok=True)
-    fd = os.open(home / ".volume.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def fs_type(path: Path) -> str | None:
@@ -82,7 +68,7 @@ def ensure_volume(settings: Settings) -> Path:
     a non-empty folder, or mkfs/mount failed), ``no_reflink``.
     """
     vol = settings.volume
-    with _locked(settings.home):
+    with file_lock(settings.home / ".volume.lock"):
         if mounts.mount_at(vol) is not None:
             if _is_ours(settings) and _grow_backing(settings):
                 for dev in mounts.loop_devices_for(settings.volume_backing):
@@ -170,7 +156,7 @@ def unmount_volume(settings: Settings, *, remove_backing: bool = False) -> None:
     """Unmount the volume if it is mounted, detach any loop device still bound to the backing file, and with
     ``remove_backing`` delete the backing file (every disk on it is lost). Disks on the volume must be
     unmounted first, else ``StorageError("busy")``."""
-    with _locked(settings.home):
+    with file_lock(settings.home / ".volume.lock"):
         if mounts.mount_at(settings.volume) is not None:
             run(["umount", str(settings.volume)], code="busy")
         for dev in mounts.loop_devices_for(settings.volume_backing):

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -28,7 +29,11 @@ COUNTER = (
 
 
 def _settings():
-    return load_settings(profile="test", node_name="e2enode", bridge="sbxn0", subnet="10.91.0.0/16")
+    return load_settings(profile="test", node_name="e2enode", bridge="sbxn0", subnet="10.91.0.0/16",
+                         require_memory_wait=REQUIRE_MEMORY_WAIT)
+
+
+REQUIRE_MEMORY_WAIT = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -179,21 +184,47 @@ def test_resize_cold_boots_keeps_home_and_grows_disk(node, sandbox):
     assert e.value.code == "invalid_resize"
 
 
+def _fake_other_host(node, sid):
+    """Make the memory image say it was made on another CPU; returns a function that undoes it."""
+    host_json = node.settings.node_dir / "sandboxes" / sid / "memory" / "host.json"
+    original = host_json.read_text()
+    recorded = json.loads(original)
+    recorded["cpuModel"] = "A CPU from another host"
+    host_json.write_text(json.dumps(recorded))
+    return lambda: host_json.write_text(original)
+
+
 def test_cpu_mismatch_falls_back_to_cold_boot(node, sandbox):
     run(node, sandbox.id, "echo kept > ~/home-file")
     node.exec_detached(sandbox.id, "sleep 1000")
     assert node.stop(sandbox.id) is True
-    host_json = node.settings.node_dir / "sandboxes" / sandbox.id / "memory" / "host.json"
-    recorded = json.loads(host_json.read_text())
-    recorded["cpuModel"] = "A CPU from another host"
-    host_json.write_text(json.dumps(recorded))
+    _fake_other_host(node, sandbox.id)
+    started = time.monotonic()
     with pytest.raises(NodeError) as e:
         node.resume(sandbox.id, sandbox, require_memory=True)
     assert e.value.code == "cpu_mismatch"
+    assert "cpuModel" in e.value.message
+    assert time.monotonic() - started >= REQUIRE_MEMORY_WAIT, "require_memory gives up before its wait"
     result = node.resume(sandbox.id, sandbox)
     assert (result.memory_restored, result.reason) == (False, "cpu_mismatch")
     out, _, _ = run(node, sandbox.id, "cat ~/home-file; pgrep -c -x sleep || true")
     assert out.split() == ["kept", "0"]
+
+
+def test_require_memory_waits_for_a_matching_host_and_restores(node, sandbox):
+    node.exec_detached(sandbox.id, "sleep 1000")
+    before, _, _ = run(node, sandbox.id, "pgrep -x sleep")
+    assert node.stop(sandbox.id) is True
+    undo = _fake_other_host(node, sandbox.id)
+    timer = threading.Timer(1.5, undo)  # a matching host "comes up" while the resume waits
+    timer.start()
+    try:
+        result = node.resume(sandbox.id, sandbox, require_memory=True)
+    finally:
+        timer.cancel()
+    assert result.memory_restored is True
+    after, _, _ = run(node, sandbox.id, "pgrep -x sleep")
+    assert after.split() == before.split()
 
 
 def _stop_in_child(sid: str) -> None:

@@ -1,0 +1,24 @@
+"""One host-wide lock primitive for set-up steps that separate processes may run at once (two `sbx server`s,
+a server and `sbx setup`): an exclusive ``flock(2)`` on a lock file, released when the block ends or the
+process dies."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing) for the ``with`` block.
+    Blocks until the lock is free; the kernel drops it if the process dies, so a crash never leaves it held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
