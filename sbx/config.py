@@ -136,6 +136,7 @@ _ENV_FIELDS = {
     "SBX_PROXY_PORT": ("proxy_port", int),
     "SBX_PROFILE": ("profile", str),
     "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
+    "SBX_AUTO_SNAPSHOT_KEEP": ("auto_snapshot_keep", int),
     "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
 }
 

@@ -14,6 +14,7 @@ import time
 import tomllib
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,24 +55,39 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The session's server: node ``e2e`` on bridge ``sbxe2e0`` / 10.89.0.0/16, automatic snapshots off.
+    SBX_E2E_NODE / SBX_E2E_BRIDGE / SBX_E2E_SUBNET let two e2e runs share this host."""
+    with start_server(
+        tmp_path_factory.mktemp("sbx-ctl-e2e"),
+        node=os.environ.get("SBX_E2E_NODE", "e2e"),
+        bridge=os.environ.get("SBX_E2E_BRIDGE", "sbxe2e0"),
+        subnet=os.environ.get("SBX_E2E_SUBNET", "10.89.0.0/16"),
+    ) as srv:
+        yield srv
+
+
+@contextmanager
+def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: str) -> Iterator[Server]:
+    """Run `sbx server` (test profile) with its own state dir, node, bridge, subnet and ports, HOME under ``tmp``;
+    ``env_extra`` adds ``SBX_*`` settings. On exit deletes its sandboxes, stops it (it must exit 0) and removes
+    its bridge."""
     if os.geteuid() != 0:
         pytest.fail("end-to-end tests boot real sandboxes and must run as root")
-    tmp = tmp_path_factory.mktemp("sbx-ctl-e2e")
     port = _free_port()
     proxy_port = _free_port()
     env = {
         **os.environ,
         "SBX_PROFILE": "test",
         "SBX_STATE_DIR": str(tmp / "state"),
-        # SBX_E2E_NODE / SBX_E2E_BRIDGE / SBX_E2E_SUBNET let two e2e runs share this host
-        "SBX_NODE_NAME": os.environ.get("SBX_E2E_NODE", "e2e"),
-        "SBX_BRIDGE": os.environ.get("SBX_E2E_BRIDGE", "sbxe2e0"),
-        "SBX_SUBNET": os.environ.get("SBX_E2E_SUBNET", "10.89.0.0/16"),
+        "SBX_NODE_NAME": node,
+        "SBX_BRIDGE": bridge,
+        "SBX_SUBNET": subnet,
         "SBX_PORT": str(port),
         "SBX_PROXY_PORT": str(proxy_port),
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        **env_extra,
     }
     for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOME"):
         env.pop(key, None)

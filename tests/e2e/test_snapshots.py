@@ -168,6 +168,8 @@ def test_snapshot_new_from_stop_resume_chain(server: Any) -> None:
     assert "e2e-tmpl" not in snapshots(server)
     assert cli_error(server.sbx("snapshot-delete", "e2e-tmpl")) == "not_found"
     server.sbx("stop", copy, "--no-memory", "--wait", check=True)
+    assert cli_error(server.sbx("resume", copy, "--require-memory", "--wait")) == "memory_unavailable"
+    assert info(server, copy)["state"] == "stopped"
     server.sbx("resume", copy, "--wait", check=True)
     assert info(server, copy)["memoryRestored"] is False
     assert run(server, copy, "cat ~/a ~/c").split() == ["a", "c"]
