@@ -86,6 +86,8 @@ class Settings:
     auto_snapshot_seconds: int = 600
     auto_snapshot_keep: int = 3
     fork_default_ttl: int = 3600
+    event_retention_seconds: int = 7 * 86400
+    """How long lifecycle events (``GET /v1/sandboxes/{id}/events``) are kept; the reaper prunes older ones hourly."""
     require_memory_wait: float = 120.0
     """Seconds a ``require_memory`` resume waits for a host matching the memory image's CPU, kernel and CRIU
     before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""

@@ -6,10 +6,12 @@
 - Automatic snapshots: every ``settings.auto_snapshot_seconds`` (0 disables) a running sandbox gets a snapshot
   named ``auto-<id>-<YYYYmmddTHHMMSSZ>``; only the newest ``settings.auto_snapshot_keep`` automatic ones are kept.
   Skipped for ``no_snapshots`` sandboxes.
+- Event pruning: once an hour, lifecycle events older than ``settings.event_retention_seconds`` are deleted.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -31,6 +33,7 @@ class Reaper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._first_seen: dict[str, float] = {}
+        self._pruned_at: float | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="sbx-reaper", daemon=True)
@@ -49,9 +52,23 @@ class Reaper:
             except Exception:  # keep reaping after a bug in one pass
                 log.exception("reaper pass failed")
 
+    PRUNE_EVERY = 3600.0
+    """Seconds between two event prunings."""
+
+    def prune_events(self) -> int:
+        """Delete events older than ``settings.event_retention_seconds``; returns how many were deleted."""
+        cutoff = utcnow() - dt.timedelta(seconds=self.control.settings.event_retention_seconds)
+        self._pruned_at = time.monotonic()
+        deleted = self.control.store.prune_events(cutoff)
+        if deleted:
+            log.info("pruned %d events older than %s", deleted, cutoff.isoformat())
+        return deleted
+
     def run_once(self) -> None:
-        """One pass over all sandboxes: TTL stops, then automatic snapshots."""
+        """One pass over all sandboxes: TTL stops, then automatic snapshots; events are pruned once an hour."""
         settings = self.control.settings
+        if self._pruned_at is None or time.monotonic() - self._pruned_at >= self.PRUNE_EVERY:
+            self.prune_events()
         for row in self.control.store.list_sandboxes():
             if row.state != "running":
                 self._first_seen.pop(row.id, None)

@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     create_engine,
+    delete,
     event,
     select,
 )
@@ -226,6 +227,13 @@ class Store:
                 .order_by(EventRow.seq)
             )
             return list(s.scalars(q))
+
+    def prune_events(self, older_than: dt.datetime) -> int:
+        """Delete events created before ``older_than`` (UTC); returns how many. Streams that resume with
+        ``after=seq`` are unaffected: sequence numbers are never reused."""
+        with self.session() as s, s.begin():
+            result = s.execute(delete(EventRow).where(EventRow.created_at < older_than))
+            return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
     def bulk_states(self, rows: Iterable[SandboxRow]) -> dict[str, str]:
         return {r.id: r.state for r in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane
-from sbx.control.store import SandboxRow, Store, utcnow
+from sbx.control.store import EventRow, SandboxRow, Store, utcnow
 from tests.fakes import FakeNode, fake_settings, make_control, wait_until
 
 
@@ -141,3 +142,18 @@ def test_service_rules_raise_control_errors(tmp_path: Path, node: FakeNode) -> N
         assert cp.wait_settled(sid).memory_restored is True
     finally:
         cp.close()
+
+
+def test_old_events_are_pruned_and_new_ones_kept(tmp_path: Path, node: FakeNode) -> None:
+    cp = make_control(tmp_path, node, event_retention_seconds=3600)
+    sid = _running(cp)
+    recent = [e.seq for e in cp.store.events(sid)]
+    assert recent, "creating a sandbox records events"
+    old = cp.store.add_event(sid, {"event": "state", "id": sid, "state": "running"})
+    with cp.store.session() as s, s.begin():
+        row = s.get(EventRow, old)
+        row.created_at = utcnow() - dt.timedelta(hours=2)  # type: ignore[union-attr]
+    reaper = Reaper(cp, tick=60)
+    reaper.run_once()  # the first pass prunes
+    assert [e.seq for e in cp.store.events(sid)] == recent
+    assert reaper.prune_events() == 0
