@@ -155,7 +155,15 @@ def create_app(
     async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for err in exc.errors():
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            loc = tuple(err.get("loc", ()))
+            if err.get("type") == "json_invalid":  # loc is ("body", <byte offset>)
+                at = f" at byte {loc[-1]}" if len(loc) > 1 else ""
+                parts.append(f"the body is not valid JSON{at}: {err.get('ctx', {}).get('error', err.get('msg'))}")
+                continue
+            if loc == ("body",) and err.get("type") in ("model_attributes_type", "dict_type"):
+                parts.append("the body must be a JSON object, sent with Content-Type: application/json")
+                continue
+            where = ".".join(str(p) for p in loc if p != "body")
             parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
         return _error(422, "invalid_request", "; ".join(parts) or "malformed request")
 

@@ -39,7 +39,7 @@ class CreateSandbox(_Body):
 
     type: str = "small"
     name: str | None = None
-    ttl: int | None = Field(None, ge=0)
+    ttl: int | None = None  # a negative one is 400 invalid_ttl from the control plane
     from_snapshot: str | None = Field(None, alias="fromSnapshot")
     no_snapshots: bool = Field(False, alias="noSnapshots")
     env: dict[str, str] | None = None
@@ -58,7 +58,7 @@ class ResumeSandbox(_Body):
 
     type: str | None = None
     require_memory: bool = Field(False, alias="requireMemory")
-    ttl: int | None = Field(None, ge=0)
+    ttl: int | None = None  # a negative one is 400 invalid_ttl from the control plane
 
 
 class ForkSandbox(_Body):
@@ -66,7 +66,7 @@ class ForkSandbox(_Body):
     ``"<source name> (fork)"``), ``env`` (default the source's)."""
 
     type: str | None = None
-    ttl: int | None = Field(None, ge=0)
+    ttl: int | None = None  # a negative one is 400 invalid_ttl from the control plane
     name: str | None = None
     env: dict[str, str] | None = None
 

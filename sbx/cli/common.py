@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,8 +20,17 @@ from rich.console import Console
 
 from sbx.sdk import Client, SbxError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+
+def _width(stream: Any) -> int | None:
+    """Rich lays out for 80 columns when output is not a terminal, which truncates ids, URLs and tokens in
+    tables; piped output gets room for every cell instead (``COLUMNS`` still wins when set)."""
+    if "COLUMNS" in os.environ or stream.isatty():
+        return None
+    return 1000
+
+
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -23,7 +23,7 @@ def _line(event: dict[str, Any]) -> dict[str, Any]:
 def fork(
     sandbox_id: str = typer.Argument(..., help="The sandbox to fork (running or stopped)."),
     type: str = typer.Option(None, "--type", "-t", help="Size of the fork (default: the source's)."),
-    ttl: int = typer.Option(None, "--ttl", min=0, help="Inactivity timeout of the fork (default 3600 s)."),
+    ttl: int = typer.Option(None, "--ttl", help="Inactivity timeout of the fork (default 3600 s)."),
     name: str = typer.Option(None, "--name", "-n", help="Name of the fork (default: '<source name> (fork)')."),
     env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE replacing the source's env (repeatable)."),
     wait: bool = typer.Option(False, "--wait", help="Return once the fork runs."),

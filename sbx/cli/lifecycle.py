@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from sbx.cli.common import JSON_OPT, client, handle_errors, out, parse_env, print_json, spinner
+from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json, spinner
 from sbx.sdk import protocol as P
 
 
@@ -21,7 +21,7 @@ def new(
     type: str = typer.Option("small", "--type", "-t", help="Size: small, default, large or xlarge."),
     name: str = typer.Option(None, "--name", "-n", help="A name (default: the subdomain)."),
     from_snapshot: str = typer.Option(None, "--from", help="Start from this snapshot's disk."),
-    ttl: int = typer.Option(None, "--ttl", min=0, help="Seconds of inactivity before it stops (0 = never)."),
+    ttl: int = typer.Option(None, "--ttl", help="Seconds of inactivity before it stops (0 = never)."),
     no_snapshots: bool = typer.Option(
         False, "--no-snapshots", help="Never save memory or snapshots (cannot be resumed, forked or snapshotted)."
     ),
@@ -69,7 +69,7 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_column(style="bold")
     table.add_column()
     for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
-                "ttl", "subdomain", "url", "createdAt", "updatedAt"):
+                "ttl", "autoResume", "noSnapshots", "subdomain", "url", "createdAt", "updatedAt"):
         value = sb.get(key)
         table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
     st = sb.get("stats") or {}
@@ -92,7 +92,13 @@ def stop(
     """Stop a sandbox, saving its memory so a resume brings its processes back."""
     with client() as c, spinner(f"stopping {sandbox_id}", wait and not json_):
         sb = c.run(P.stop(sandbox_id, not no_memory, wait))
-    print_json({"sandbox": sb}) if json_ else out.print(_summary(sb), markup=False)
+    if json_:
+        print_json({"sandbox": sb})
+        return
+    out.print(_summary(sb), markup=False)
+    if sb.get("noSnapshots"):
+        err.print(f"note: {sb['id']} was created with --no-snapshots: it cannot be resumed. Its disk stays until "
+                  f"`sbx delete {sb['id']}`.", markup=False)
 
 
 @handle_errors
@@ -100,7 +106,7 @@ def resume(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
     type: str = typer.Option(None, "--type", "-t", help="Grow to this size (a cold boot from disk)."),
     require_memory: bool = typer.Option(False, "--require-memory", help="Fail rather than boot from disk."),
-    ttl: int = typer.Option(None, "--ttl", min=0, help="New inactivity timeout in seconds."),
+    ttl: int = typer.Option(None, "--ttl", help="New inactivity timeout in seconds."),
     wait: bool = typer.Option(False, "--wait", help="Return once it runs."),
     json_: bool = JSON_OPT,
 ) -> None:

@@ -201,9 +201,10 @@ class ControlPlane:
 
     def view(self, row: SandboxRow, stats: bool = True, space: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
-        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, stats. ``stats`` is a
-        fresh node sample while running (while stopped: disk space only), zeros otherwise; ``space=False`` leaves
-        ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on the volume)."""
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats.
+        ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
+        ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
+        the volume)."""
         size = self.settings.sizes.get(row.type)
         return {
             "id": row.id,
@@ -221,6 +222,7 @@ class ControlPlane:
             "url": sandbox_url(row.subdomain, self.settings.domain),
             "ttl": row.ttl,
             "autoResume": bool(row.auto_resume),
+            "noSnapshots": bool(row.no_snapshots),
             "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 

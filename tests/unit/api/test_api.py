@@ -12,7 +12,7 @@ from tests.fakes import Api, make_api, wait_until
 
 SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
-    "updatedAt", "subdomain", "url", "ttl", "autoResume", "stats",
+    "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "stats",
 }
 STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
               "diskUniqueBytes"}
@@ -90,7 +90,6 @@ def test_404_for_unknown_things(api: Api) -> None:
     "body",
     [
         {"type": 3},
-        {"ttl": -1},
         {"ttl": "soon"},
         {"unknown": True},
         {"env": {"A": 1}},
@@ -101,9 +100,22 @@ def test_422_invalid_request_keeps_the_error_shape(api: Api, body: object) -> No
     assert err(api.post("/v1/sandboxes", json=body)) == (422, "invalid_request")
 
 
+def test_a_negative_ttl_is_400_invalid_ttl_everywhere(api: Api) -> None:
+    assert err(api.post("/v1/sandboxes", json={"ttl": -1})) == (400, "invalid_ttl")
+    sb = api.new()
+    assert err(api.post(f"/v1/sandboxes/{sb['id']}/fork", json={"ttl": -5})) == (400, "invalid_ttl")
+    api.post(f"/v1/sandboxes/{sb['id']}/stop?wait=true", json={})
+    assert err(api.post(f"/v1/sandboxes/{sb['id']}/resume", json={"ttl": -5})) == (400, "invalid_ttl")
+
+
 def test_422_for_a_body_that_is_not_json(api: Api) -> None:
     r = api.c.post("/v1/sandboxes", content=b"{nope", headers={**api.h, "Content-Type": "application/json"})
     assert err(r) == (422, "invalid_request")
+    assert r.json()["error"]["message"].startswith("the body is not valid JSON at byte 1")
+    form = {**api.h, "Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends by default
+    r = api.c.post("/v1/sandboxes", content=b'{"type": "small"}', headers=form)
+    assert err(r) == (422, "invalid_request")
+    assert "Content-Type: application/json" in r.json()["error"]["message"]
     sb = api.new()
     assert err(api.post(f"/v1/sandboxes/{sb['id']}/exec", json={})) == (422, "invalid_request")
 

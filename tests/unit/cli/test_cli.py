@@ -210,3 +210,26 @@ def test_setup_reports_a_host_failure_as_an_error_line(monkeypatch: pytest.Monke
     r = sbx("setup")
     assert r.exit_code == 1
     assert "step one" in r.stderr and "error: host_setup_failed: no mirror found" in r.stderr
+
+
+def test_a_negative_ttl_is_an_invalid_ttl_error(live: LiveServer) -> None:
+    r = sbx("new", "--ttl", "-5")
+    assert r.exit_code == 1 and r.stderr.startswith("error: invalid_ttl: "), r.stderr
+
+
+def test_stopping_a_no_snapshots_sandbox_says_it_cannot_come_back(live: LiveServer) -> None:
+    sid = new("--no-snapshots")
+    r = sbx("stop", sid, "--wait")
+    assert r.exit_code == 0 and r.stdout.strip() == f"{sid} stopped"
+    assert "cannot be resumed" in r.stderr and f"sbx delete {sid}" in r.stderr
+    assert json.loads(sbx("info", sid, "--json").stdout)["sandbox"]["noSnapshots"] is True
+    plain = new()
+    assert sbx("stop", plain, "--wait").stderr == ""
+
+
+def test_piped_tables_are_not_cut_at_80_columns(live: LiveServer) -> None:
+    name = "a-long-name-" + "x" * 90
+    sid = new("--name", name)
+    listing = sbx("list").stdout
+    row = next(line for line in listing.splitlines() if sid in line)
+    assert name in row and "…" not in listing
