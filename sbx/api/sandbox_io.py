@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 import signal
@@ -40,14 +41,17 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request, WebSocket
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect
 
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
 from sbx.node.types import NodeError
+
+log = logging.getLogger("sbx.api")
 
 UPLOAD_BATCH = 1 << 20
 """Bytes of request body gathered before one write into the sandbox."""
@@ -95,9 +99,9 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
             return StreamingResponse(cp.files.open_tar(sandbox_id, path, user), media_type="application/x-tar")
         return StreamingResponse(cp.files.open_read(sandbox_id, path, user), media_type="application/octet-stream")
 
-    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"])
+    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=None)
     async def write_file(request: Request, sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ,
-                         user: str = UserQ) -> dict[str, Any]:
+                         user: str = UserQ) -> dict[str, Any] | Response:
         """Write the request body to a file (parents made, owned by ``user``), or extract a tar body into a
         directory with ``archive=tar``. The body is streamed into the sandbox."""
         opener = cp.files.open_untar if archive else cp.files.open_write
@@ -113,6 +117,10 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
                     batch, size = [], 0
             if batch:
                 await run_in_threadpool(writer.write, b"".join(batch))
+        except ClientDisconnect:  # the client went away mid-upload: the target file is left as it was
+            await run_in_threadpool(writer.abort)
+            log.info("upload to %s:%s cut short by the client", sandbox_id, path)
+            return Response(status_code=499)
         except BaseException:
             await run_in_threadpool(writer.abort)
             raise

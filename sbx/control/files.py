@@ -17,6 +17,7 @@ that takes chunks and reports the outcome at :meth:`FileWriter.finish`. Nothing 
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from sbx.node.types import NodeError
 
 if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
+
+log = logging.getLogger("sbx.control")
 
 CHUNK = 1 << 20
 USERS = ("user", "root")
@@ -46,7 +49,12 @@ _READ = r'''p="$1"
 [ -r "$p" ] || exit 43
 exec cat -- "$p"'''
 
+# An upload goes to a temporary file next to the target, named on stdout as "<temp>\0<target>\0" (a symlink is
+# written through, as `cat >` would); :data:`_COMMIT` renames it over the target once the whole body has arrived,
+# so an upload cut short leaves the old file as it was. An existing file in a folder the user can't write to is
+# written in place (the temp name is then empty).
 _WRITE = r'''p="$1"
+if [ -L "$p" ]; then p=$(readlink -f -- "$p") || exit 44; fi
 d=$(dirname -- "$p")
 if [ ! -d "$d" ]; then
   [ -e "$d" ] && exit 42
@@ -54,8 +62,29 @@ if [ ! -d "$d" ]; then
 fi
 [ -d "$p" ] && exit 41
 [ -e "$p" ] && { [ -w "$p" ] || exit 43; }
-[ -e "$p" ] || [ -w "$d" ] || exit 43
-exec cat > "$p"'''
+if [ ! -w "$d" ]; then
+  [ -e "$p" ] || exit 43
+  printf '\0%s\0' "$p"
+  exec cat > "$p"
+fi
+t=$(mktemp -- "$d/.sbx-upload.XXXXXX" 2>/dev/null) || exit 43
+printf '%s\0%s\0' "$t" "$p"
+exec cat > "$t"'''
+
+# "$1" the finished temp file, "$2" the target: keep an existing target's mode (and owner, as root), else the
+# mode a new file gets from the umask; then rename over the target.
+_COMMIT = r'''t="$1"; p="$2"
+if [ -e "$p" ]; then
+  chmod --reference="$p" -- "$t" 2>/dev/null
+  [ "$(id -u)" = 0 ] && chown --reference="$p" -- "$t" 2>/dev/null
+else
+  chmod "$(printf '%o' $(( 0666 & ~$(umask) )))" -- "$t"
+fi
+mv -f -- "$t" "$p" 2>/dev/null && exit 0
+rm -f -- "$t"
+exit 43'''
+
+_DISCARD = r'''rm -f -- "$1"'''
 
 _TAR_OUT = r'''p="$1"
 [ -e "$p" ] || exit 44
@@ -124,14 +153,38 @@ def _parse_entries(raw: bytes, parent: str | None) -> list[dict[str, Any]]:
     return entries
 
 
-class FileWriter:
-    """An upload in progress: :meth:`write` chunks, then :meth:`finish` (or :meth:`abort`)."""
+def _read_names(proc: subprocess.Popen[bytes], count: int) -> list[bytes]:
+    """The first ``count`` NUL-terminated fields the program prints (fewer if it exits first)."""
+    assert proc.stdout is not None
+    fields: list[bytes] = []
+    current = bytearray()
+    while len(fields) < count:
+        b = proc.stdout.read(1)
+        if not b:
+            break
+        if b == b"\0":
+            fields.append(bytes(current))
+            current.clear()
+        else:
+            current += b
+    return fields
 
-    def __init__(self, files: Files, sandbox_id: str, path: str, proc: subprocess.Popen[bytes]):
+
+class FileWriter:
+    """An upload in progress: :meth:`write` chunks, then :meth:`finish` (or :meth:`abort`).
+
+    For a file (``temp`` set), the chunks go to a temporary file next to the target, and :meth:`finish` renames it
+    over the target; :meth:`abort` deletes it, leaving the target as it was."""
+
+    def __init__(self, files: Files, sandbox_id: str, path: str, proc: subprocess.Popen[bytes],
+                 user: str = "user", temp: bytes = b"", target: bytes = b""):
         self._files = files
         self.sandbox_id = sandbox_id
         self.path = path
         self.proc = proc
+        self.user = user
+        self.temp = temp
+        self.target = target
         self.written = 0
         self._broken = False
 
@@ -156,14 +209,29 @@ class FileWriter:
             pass
         try:
             self._files._check(self.proc, self.path)
+            if self.temp:
+                self._files._run(self.sandbox_id, _COMMIT, [_arg(self.temp), _arg(self.target)], self.user,
+                                 self.path)
         finally:
             self._files._end(self.sandbox_id)
         return self.written
 
     def abort(self) -> None:
-        """Kill the sandbox side (the client went away); a partial file may remain."""
+        """Kill the sandbox side (the client went away) and delete the temporary file: the target is unchanged.
+        (A tar extraction cut short keeps the members it had written.)"""
         self._files._kill(self.proc)
-        self._files._end(self.sandbox_id)
+        try:
+            if self.temp:
+                self._files._run(self.sandbox_id, _DISCARD, [_arg(self.temp)], self.user, self.path)
+        except ControlError as e:
+            log.warning("could not remove %r in %s: %s", self.temp, self.sandbox_id, e.message)
+        finally:
+            self._files._end(self.sandbox_id)
+
+
+def _arg(name: bytes) -> str:
+    """A path the sandbox printed, back as an argv string (undecodable bytes round-trip)."""
+    return name.decode("utf-8", "surrogateescape")
 
 
 class Files:
@@ -275,9 +343,18 @@ class Files:
         return self._stream(sandbox_id, _TAR_OUT, [p], user, path)
 
     def open_write(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
-        """Start writing file ``path`` (created or truncated, parent folders made, owned by ``user``)."""
+        """Start writing file ``path`` (parent folders made, owned by ``user``). The target is replaced only when
+        :meth:`FileWriter.finish` is called: an upload cut short leaves it as it was."""
         p = _norm(path, user)
-        return FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, _WRITE, [p], user, stdin=True))
+        proc = self._spawn(sandbox_id, _WRITE, [p], user, stdin=True)
+        try:
+            names = _read_names(proc, 2)
+        except BaseException:
+            self._kill(proc)
+            self._end(sandbox_id)
+            raise
+        temp, target = names if len(names) == 2 else (b"", b"")
+        return FileWriter(self, sandbox_id, path, proc, user, temp, target)
 
     def open_untar(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
         """Start extracting a tar stream into directory ``path`` (made if missing; members owned by ``user``)."""

@@ -207,6 +207,31 @@ def test_cp_round_trips_a_50_mib_binary_file_and_a_folder(server: Any, tmp_path:
     server.sbx("delete", sid, "--wait", check=True)
 
 
+def test_an_upload_cut_short_leaves_the_old_file(server: Any) -> None:
+    from collections.abc import Iterator
+
+    from sbx.sdk import Client, Sandbox
+    from tests.e2e.helpers import poll
+
+    sid = new_sandbox(server)
+    server.sbx("exec", sid, "mkdir ~/d && echo old > ~/d/f && chmod 640 ~/d/f", check=True)
+
+    def gives_up() -> Iterator[bytes]:
+        yield os.urandom(4 << 20)
+        raise RuntimeError("the client gave up")
+
+    with Client(server.url, server.token) as c:
+        sb = Sandbox.get(sid, client=c)
+        with pytest.raises(RuntimeError, match="gave up"):
+            sb.files.write("d/f", gives_up())
+        poll(lambda: [e["name"] for e in sb.files.list("d")] == ["f"], "the temporary upload file to go")
+        assert sb.files.read("d/f") == b"old\n"
+        sb.files.write("d/f", b"new\n")
+    r = server.sbx("exec", sid, "cat ~/d/f; stat -c '%a %U' ~/d/f; ls -A ~/d", check=True)
+    assert r.stdout.split() == ["new", "640", "user", "f"]
+    server.sbx("delete", sid, "--wait", check=True)
+
+
 def test_a_symlink_to_etc_shadow_never_leaks_a_host_file(server: Any, tmp_path: Path) -> None:
     host_shadow = Path("/etc/shadow").read_bytes()
     host_hostname = Path("/etc/hostname").read_bytes()

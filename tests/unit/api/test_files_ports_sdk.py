@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sbx.sdk import AsyncClient, AsyncSandbox, Client, Sandbox, SbxError
-from tests.fakes import LiveServer
+from tests.fakes import LiveServer, wait_until
 from tests.unit.api.test_files_ports import SpawnNode
 
 
@@ -65,3 +65,26 @@ def test_async_files_and_routes(live: LiveServer) -> None:
             await sb.delete()
 
     asyncio.run(main())
+
+
+def test_an_upload_cut_short_leaves_the_old_file(live: LiveServer) -> None:
+    with Client(live.url, live.token) as c:
+        sb = Sandbox.create(client=c)
+        sb.files.write("d/f", b"old")
+        os.chmod(live.node.root / sb.id / "d" / "f", 0o640)
+
+        def gives_up() -> Iterator[bytes]:
+            yield b"new" * 400_000
+            raise RuntimeError("the client gave up")
+
+        with pytest.raises(RuntimeError, match="gave up"):
+            sb.files.write("d/f", gives_up())
+        # the temporary file is removed; the target never saw a byte of the cut upload
+        wait_until(lambda: [e["name"] for e in sb.files.list("d")] == ["f"])
+        assert sb.files.read("d/f") == b"old"
+
+        assert sb.files.write("d/f", b"new" * 10)["size"] == 30
+        assert sb.files.read("d/f") == b"new" * 10
+        assert sb.files.stat("d/f")["mode"] == 0o640  # a replaced file keeps its mode
+        assert [e["name"] for e in sb.files.list("d")] == ["f"]
+        sb.delete()
