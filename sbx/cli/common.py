@@ -24,9 +24,11 @@ from sbx.sdk import Client, SbxError
 def _width(stream: Any) -> int | None:
     """Rich lays out for 80 columns when output is not a terminal, which truncates ids, URLs and tokens in
     tables; piped output gets room for every cell instead (``COLUMNS`` still wins when set)."""
-    if "COLUMNS" in os.environ or stream.isatty():
-        return None
-    return 1000
+    try:
+        interactive = stream.isatty()
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        interactive = False
+    return None if interactive or "COLUMNS" in os.environ else 1000
 
 
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
