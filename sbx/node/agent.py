@@ -127,7 +127,7 @@ class LocalNode:
 
     @property
     def image(self) -> Path:
-        if self._image is None:
+        if self._image is None or not self._image.is_file():  # a newer sbx on this host may have replaced it
             from sbx.node.image import ensure_image
 
             self._image = ensure_image(self.settings)

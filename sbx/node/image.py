@@ -31,7 +31,7 @@ from sbx.config import Settings
 from sbx.guest import recipe
 from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
-from sbx.storage.locks import file_lock
+from sbx.storage.locks import file_lock, try_file_lock
 
 Progress = Callable[[str], None]
 
@@ -236,7 +236,8 @@ def ensure_image(settings: Settings, progress: Progress | None = None) -> Path:
     The image is ``settings.images_dir / "<recipe_hash>.ext4"`` (a sparse ext4 file, label ``sbx-root``,
     about 1.5x its content) with ``<recipe_hash>.json`` next to it (build facts). ``progress`` gets one-line
     status messages. Concurrent callers wait on a lock file and share one build. A build takes about a
-    minute and needs network access to the host's Debian mirror.
+    minute and needs network access to the host's Debian mirror. After a build, images of older recipes are
+    deleted (:func:`prune_images`).
 
     Raises :class:`ImageError` when the mirror is unknown or a build step fails.
     """
@@ -249,7 +250,28 @@ def ensure_image(settings: Settings, progress: Progress | None = None) -> Path:
         if target.is_file():
             return target
         build_image(target, say)
+    prune_images(settings, keep=target)
     return target
+
+
+def prune_images(settings: Settings, keep: Path) -> list[Path]:
+    """Delete the cached images of other recipes than ``keep`` (with their ``.json``); returns what was deleted.
+
+    Safe for sandboxes made from them: a sandbox disk or snapshot is a reflink copy, whose blocks stay allocated
+    while any copy uses them. An image whose lock another process holds (a build in progress) is left alone."""
+    deleted: list[Path] = []
+    for old in sorted(settings.images_dir.glob("*.ext4")):
+        if old == keep:
+            continue
+        lock = old.with_suffix(".lock")
+        with try_file_lock(lock) as taken:
+            if not taken:
+                continue
+            old.unlink(missing_ok=True)
+            old.with_suffix(".json").unlink(missing_ok=True)
+            lock.unlink(missing_ok=True)
+            deleted.append(old)
+    return deleted
 
 
 def build_image(target: Path, progress: Progress | None = None) -> None:

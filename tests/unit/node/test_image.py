@@ -15,6 +15,7 @@ from sbx.config import Settings
 from sbx.guest import recipe
 from sbx.node import image
 from sbx.node.image import ImageError
+from sbx.storage import locks
 
 ONE_LINE = """\
 # a comment line
@@ -230,3 +231,24 @@ def test_image_leaves_identity_to_the_host(built: tuple[Settings, Path, list[str
     assert "Type: regular" in resolv
     ssh_dir = _debugfs(path, "ls /etc/ssh")
     assert "sshd_config" in ssh_dir and "ssh_host_" not in ssh_dir
+
+
+def test_a_new_build_deletes_images_of_older_recipes_unless_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(home=tmp_path)
+    images = settings.images_dir
+    images.mkdir(parents=True)
+    for name in ("old", "busy"):
+        (images / f"{name}.ext4").write_bytes(b"image")
+        (images / f"{name}.json").write_text("{}")
+    monkeypatch.setattr(image, "build_image", lambda target, progress=None: target.write_bytes(b"new"))
+    with locks.file_lock(images / "busy.lock"):  # another process building or reading it
+        target = image.ensure_image(settings)
+    assert target == image.image_path(settings) and target.read_bytes() == b"new"
+    assert sorted(p.name for p in images.iterdir()) == sorted(
+        ["busy.ext4", "busy.json", "busy.lock", target.name, f"{target.stem}.lock"]
+    )
+    # an image already there is returned as is, and nothing is pruned
+    (images / "older.ext4").write_bytes(b"image")
+    assert image.ensure_image(settings) == target and (images / "older.ext4").exists()
