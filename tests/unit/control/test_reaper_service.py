@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,11 +27,19 @@ def _state(cp: ControlPlane, sid: str) -> str:
     return cp.store.get_sandbox(sid).state  # type: ignore[union-attr]
 
 
-def test_ttl_stops_an_idle_sandbox_keeping_memory(tmp_path: Path, node: FakeNode) -> None:
-    cp = make_control(tmp_path, node)
-    reaper = Reaper(cp, tick=0.05)
+@contextmanager
+def _reaping(cp: ControlPlane, tick: float) -> Iterator[Reaper]:
+    """A reaper running every ``tick`` seconds for the ``with`` block."""
+    reaper = Reaper(cp, tick=tick)
     reaper.start()
     try:
+        yield reaper
+    finally:
+        reaper.stop()
+
+
+def test_ttl_stops_an_idle_sandbox_keeping_memory(tmp_path: Path, node: FakeNode) -> None:
+    with closing(make_control(tmp_path, node)) as cp, _reaping(cp, 0.05):
         sid = _running(cp, ttl=1)
         forever = _running(cp, ttl=0)
         wait_until(lambda: _state(cp, sid) == "stopped")
@@ -37,16 +47,10 @@ def test_ttl_stops_an_idle_sandbox_keeping_memory(tmp_path: Path, node: FakeNode
         assert cp.store.get_sandbox(sid).has_memory  # type: ignore[union-attr]
         assert any(e.payload.get("event") == "ttl" for e in cp.store.events(sid))
         assert _state(cp, forever) == "running"
-    finally:
-        reaper.stop()
-        cp.close()
 
 
 def test_a_running_exec_counts_as_activity(tmp_path: Path, node: FakeNode) -> None:
-    cp = make_control(tmp_path, node)
-    reaper = Reaper(cp, tick=0.05)
-    reaper.start()
-    try:
+    with closing(make_control(tmp_path, node)) as cp, _reaping(cp, 0.05):
         sid = _running(cp, ttl=1)
         lines = list(cp.exec(sid, "sleep 2.5; echo done", timeout=60))
         # the sandbox outlived its ttl while the command ran, and was not stopped under it
@@ -54,36 +58,24 @@ def test_a_running_exec_counts_as_activity(tmp_path: Path, node: FakeNode) -> No
         assert not [c for c in node.calls if c[0] == "stop"]
         assert _state(cp, sid) == "running"
         wait_until(lambda: _state(cp, sid) == "stopped")  # once idle again, the ttl applies
-    finally:
-        reaper.stop()
-        cp.close()
 
 
 def test_repeated_short_execs_keep_it_running(tmp_path: Path, node: FakeNode) -> None:
-    cp = make_control(tmp_path, node)
-    reaper = Reaper(cp, tick=0.05)
-    sid = _running(cp, ttl=2)
-    reaper.start()
-    try:
-        for _ in range(6):  # ~3 s of activity in total, more than the ttl
-            list(cp.exec(sid, "sleep 0.5"))
-        assert not [c for c in node.calls if c[0] == "stop"]
-    finally:
-        reaper.stop()
-        cp.close()
+    with closing(make_control(tmp_path, node)) as cp:
+        sid = _running(cp, ttl=2)
+        with _reaping(cp, 0.05):
+            for _ in range(6):  # ~3 s of activity in total, more than the ttl
+                list(cp.exec(sid, "sleep 0.5"))
+            assert not [c for c in node.calls if c[0] == "stop"]
 
 
 def test_auto_snapshots_keep_the_newest(tmp_path: Path, node: FakeNode) -> None:
     cp = make_control(tmp_path, node, auto_snapshot_seconds=1, auto_snapshot_keep=2)
     sid = _running(cp, ttl=0)
     plain = _running(cp, ttl=0, no_snapshots=True)
-    reaper = Reaper(cp, tick=0.1)
-    reaper.start()
-    try:
+    with _reaping(cp, 0.1):
         wait_until(lambda: len([c for c in node.calls if c[0] == "snapshot"]) >= 3, timeout=60)
         wait_until(lambda: len(cp.store.list_snapshots(sid, auto=True)) == 2)
-    finally:
-        reaper.stop()
     autos = cp.store.list_snapshots(sid, auto=True)
     assert all(re.fullmatch(rf"auto-{sid}-\d{{8}}T\d{{6}}Z", s.name) for s in autos)
     assert {s.name for s in autos} == {s.name for s in node.snapshots()}
