@@ -9,9 +9,8 @@ from typing import Any
 
 import tomli_w
 import typer
-from rich.table import Table
 
-from sbx.cli.common import JSON_OPT, err, fail, out, print_json
+from sbx.cli.common import JSON_OPT, err, fail, print_json, print_table
 from sbx.config import Settings, load_settings
 from sbx.sdk.config import config_path
 
@@ -128,11 +127,7 @@ def doctor(json_: bool = JSON_OPT) -> None:
     if json_:
         print_json({"checks": [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks]})
     else:
-        table = Table(box=None, pad_edge=False)
-        for col in ("", "CHECK", "DETAIL", "FIX"):
-            table.add_column(col)
-        for c in checks:
-            table.add_row("ok" if c.ok else "FAIL", c.name, c.detail or "", "" if c.ok else (c.fix or ""))
-        out.print(table)
+        print_table(("", "CHECK", "DETAIL", "FIX"),
+                    (("ok" if c.ok else "FAIL", c.name, c.detail or "", "" if c.ok else (c.fix or "")) for c in checks))
     if not all(c.ok for c in checks):
         raise typer.Exit(1)

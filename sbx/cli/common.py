@@ -11,12 +11,13 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from sbx.sdk import Client, SbxError
 
@@ -67,6 +68,16 @@ def print_json(obj: Any) -> None:
     """One compact JSON document (or event line) on stdout."""
     sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
     sys.stdout.flush()
+
+
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A borderless table on stdout: a header of ``columns``, then one line per row (the list views)."""
+    table = Table(box=None, pad_edge=False)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
 
 
 @contextmanager

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 import typer
-from rich.table import Table
 
-from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json
+from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json, print_table
 from sbx.sdk import protocol as P
 
 
@@ -72,13 +71,9 @@ def jobs(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     if json_:
         print_json({"jobs": items})
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("JOB", "STATUS", "STARTED", "COMMAND"):
-        table.add_column(col)
-    for j in items:
-        status = "running" if j["running"] else f"exit {j['exitCode']}"
-        table.add_row(j["id"], status, j["startedAt"], j["command"])
-    out.print(table)
+    print_table(("JOB", "STATUS", "STARTED", "COMMAND"),
+                ((j["id"], "running" if j["running"] else f"exit {j['exitCode']}", j["startedAt"], j["command"])
+                 for j in items))
 
 
 @handle_errors

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from sbx.cli.common import JSON_OPT, client, fail, handle_errors, out, parse_env, print_json, spinner
+from sbx.cli.common import JSON_OPT, client, fail, handle_errors, out, parse_env, print_json, print_table, spinner
 from sbx.sdk import protocol as P
 
 
@@ -79,13 +78,9 @@ def snapshots(
     if json_:
         print_json({"snapshots": items})
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "SANDBOX", "AUTO", "CREATED", "ALLOCATED", "UNIQUE"):
-        table.add_column(col)
-    for s in items:
-        table.add_row(s["name"], s["sandboxId"], "yes" if s["auto"] else "", s["createdAt"],
-                      _mib(s.get("allocatedBytes", 0)), _mib(s.get("uniqueBytes", 0)))
-    out.print(table)
+    print_table(("NAME", "SANDBOX", "AUTO", "CREATED", "ALLOCATED", "UNIQUE"),
+                ((s["name"], s["sandboxId"], "yes" if s["auto"] else "", s["createdAt"],
+                  _mib(s.get("allocatedBytes", 0)), _mib(s.get("uniqueBytes", 0))) for s in items))
 
 
 @handle_errors

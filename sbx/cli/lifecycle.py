@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json, spinner
+from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json, print_table, spinner
 from sbx.sdk import protocol as P
 
 
@@ -49,12 +49,8 @@ def list_(json_: bool = JSON_OPT) -> None:
     if json_:
         print_json({"sandboxes": boxes})
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("ID", "NAME", "TYPE", "STATE", "MEM", "URL"):
-        table.add_column(col)
-    for sb in boxes:
-        table.add_row(sb["id"], sb["name"], sb["type"], sb["state"], f"{sb['memoryGB']} GB", sb["url"])
-    out.print(table)
+    print_table(("ID", "NAME", "TYPE", "STATE", "MEM", "URL"),
+                ((sb["id"], sb["name"], sb["type"], sb["state"], f"{sb['memoryGB']} GB", sb["url"]) for sb in boxes))
 
 
 @handle_errors

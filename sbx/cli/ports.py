@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
-from sbx.cli.common import JSON_OPT, client, handle_errors, out, print_json
+from sbx.cli.common import JSON_OPT, client, handle_errors, out, print_json, print_table
 from sbx.sdk import protocol as P
 
 
@@ -24,13 +23,9 @@ def host(
             if json_:
                 print_json({"routes": routes})
                 return
-            table = Table(box=None, pad_edge=False)
-            for col in ("PORT", "ACCESS", "URL", "TOKEN"):
-                table.add_column(col)
-            for r in routes:
-                table.add_row(str(r["port"]), "public" if r["public"] else "token", r["url"],
-                              "" if r["public"] else r["token"])
-            out.print(table)
+            print_table(("PORT", "ACCESS", "URL", "TOKEN"),
+                        ((str(r["port"]), "public" if r["public"] else "token", r["url"],
+                          "" if r["public"] else r["token"]) for r in routes))
             return
         route = c.run(P.host(sandbox_id, port, public))
     if json_:
