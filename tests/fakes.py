@@ -34,6 +34,7 @@ from sbx.node.types import (
     SnapshotInfo,
     Stats,
 )
+from tests.e2e.helpers import poll
 
 
 @dataclass
@@ -323,16 +324,8 @@ def auth(token: str = TOKEN) -> dict[str, str]:
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    """Poll ``predicate()`` until it returns a truthy value (returned) or ``timeout`` seconds pass (AssertionError).
-    A bound for tests that wait on background work, not a speed assertion."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(interval)
+    """Poll ``predicate()`` until it returns a truthy value (returned) or ``timeout`` seconds pass (AssertionError)."""
+    return poll(predicate, "the condition", timeout, interval)
 
 
 def serve_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:

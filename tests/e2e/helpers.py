@@ -6,9 +6,10 @@ import time
 from typing import Any
 
 
-def poll(fn: Any, what: str, timeout: float = 60.0) -> Any:
-    """Call ``fn`` every 0.5 s until it returns something truthy (returned), for at most ``timeout`` seconds;
-    then fail with ``what`` and the last value."""
+def poll(fn: Any, what: str, timeout: float = 60.0, interval: float = 0.5) -> Any:
+    """Call ``fn`` every ``interval`` seconds until it returns something truthy (returned), for at most ``timeout``
+    seconds; then fail with ``what`` and the last value. A bound for tests that wait on background work, not a speed
+    assertion (the unit tests' ``wait_until`` is this with a shorter interval)."""
     deadline = time.monotonic() + timeout
     while True:
         value = fn()
@@ -16,4 +17,4 @@ def poll(fn: Any, what: str, timeout: float = 60.0) -> Any:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what} (last: {value!r})")
-        time.sleep(0.5)
+        time.sleep(interval)
