@@ -103,7 +103,6 @@ class LocalNode:
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
-        self._lxcfs: Path | None = None
         self._cpu_samples: dict[str, tuple[float, int]] = {}
 
     # ----------------------------------------------------------------- setup
@@ -121,7 +120,7 @@ class LocalNode:
         self._image = ensure_image(self.settings, progress)
         for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
             d.mkdir(parents=True, exist_ok=True)
-        self._lxcfs = lxcfs.ensure_lxcfs()
+        lxcfs.ensure_lxcfs()
         say("network")
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name)
 
@@ -209,7 +208,7 @@ class LocalNode:
 
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
         bundle = self._bundle(sid)
-        self._lxcfs = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
+        lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
         cpus = min(size.vcpus, os.cpu_count() or 1)
@@ -219,7 +218,7 @@ class LocalNode:
             vcpus=size.vcpus,
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
-            lxcfs_dir=str(self._lxcfs) if self._lxcfs else None,
+            lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
             hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

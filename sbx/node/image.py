@@ -31,7 +31,7 @@ from sbx.config import Settings
 from sbx.guest import recipe
 from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
-from sbx.storage.locks import file_lock, try_file_lock
+from sbx.storage.locks import file_lock
 
 Progress = Callable[[str], None]
 
@@ -264,7 +264,7 @@ def prune_images(settings: Settings, keep: Path) -> list[Path]:
         if old == keep:
             continue
         lock = old.with_suffix(".lock")
-        with try_file_lock(lock) as taken:
+        with file_lock(lock, wait=False) as taken:
             if not taken:
                 continue
             old.unlink(missing_ok=True)

@@ -12,27 +12,16 @@ from pathlib import Path
 
 
 @contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing) for the ``with`` block.
-    Blocks until the lock is free; the kernel drops it if the process dies, so a crash never leaves it held."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def try_file_lock(path: Path) -> Iterator[bool]:
-    """Like :func:`file_lock` but never waits: yields True when the lock was taken (held for the block), False
-    when another process holds it."""
+def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing) for the ``with`` block and
+    yield True. With ``wait`` it blocks until the lock is free; without, it yields False at once when another
+    process holds it (the block then runs without the lock). The kernel drops the lock if the process dies, so a
+    crash never leaves it held."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return
