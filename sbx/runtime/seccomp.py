@@ -3,11 +3,13 @@
 A sandbox's root holds ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN`` in its own user namespace, and the kernel is the
 host's: every system call is attack surface shared with the host and every other sandbox. The profile follows the
 spirit of Docker's default profile (moby ``profiles/seccomp/default.json``) in a simpler form: allow by default and
-deny a list of calls with ``EPERM``. The list holds what a machine-like sandbox does not need and what has a
-history of kernel bugs or host-wide effects:
+deny a list of calls with ``EPERM`` (``ENOSYS`` for a few). The list holds what a machine-like sandbox does not
+need and what has a history of kernel bugs or host-wide effects:
 
-- kernel keyrings (``keyctl``, ``add_key``, ``request_key``): not namespaced; systemd treats ``EPERM`` as "no
-  keyring" and carries on (the same as under Docker);
+- kernel keyrings (``keyctl``, ``add_key``, ``request_key``): not namespaced. These get ``ENOSYS`` ("kernel
+  without keyrings", as LXD's profile does) rather than ``EPERM``: runc, run by Docker inside a sandbox, joins a
+  session keyring for each container and fails the start on any error but ``ENOSYS`` (measured: "unable to join
+  session keyring: operation not permitted"); systemd skips keyrings on either;
 - ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``: large, often-exploited kernel surfaces;
 - ``kexec_*``, module loading, ``acct``, ``swapon``/``swapoff``, ``iopl``/``ioperm``, ``lookup_dcookie``: host-wide
   effects;
@@ -47,9 +49,11 @@ CLONE_NEWUSER = 0x10000000
 #: filter's bad-architecture action and is killed).
 ARCHITECTURES = ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"]
 
+#: Calls that get ``ENOSYS`` whatever their arguments: the keyrings (see the module docstring for why not EPERM).
+NOT_IMPLEMENTED = ["keyctl", "add_key", "request_key"]
+
 #: Calls refused with ``EPERM`` whatever their arguments, by group (see the module docstring for why).
 DENIED: dict[str, list[str]] = {
-    "keyrings": ["keyctl", "add_key", "request_key"],
     "kernel attack surface": ["bpf", "perf_event_open", "userfaultfd",
                               "io_uring_setup", "io_uring_enter", "io_uring_register"],
     "host-wide effects": ["kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
@@ -72,7 +76,8 @@ def default_profile() -> dict[str, Any]:
     """The OCI ``linux.seccomp`` object for a sandbox: ``{"defaultAction": "SCMP_ACT_ALLOW", "architectures":
     [...], "syscalls": [{"names", "action", "errnoRet", "args"?}, ...]}``.
 
-    Every listed call fails with ``EPERM`` (errno 1) except ``clone3`` (``ENOSYS``, 38); ``clone``'s flags are
+    Every listed call fails with ``EPERM`` (errno 1) except the keyring calls and ``clone3`` (``ENOSYS``, 38);
+    ``clone``'s flags are
     its first argument on x86 (index 0), as are ``unshare``'s. A fresh dict on each call (callers may edit it).
     """
     denied = [name for names in DENIED.values() for name in names]
@@ -81,6 +86,7 @@ def default_profile() -> dict[str, Any]:
         "architectures": list(ARCHITECTURES),
         "syscalls": [
             {"names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+            {"names": list(NOT_IMPLEMENTED), "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
             _masked("unshare", 0, CLONE_NEWUSER),
             _masked("clone", 0, CLONE_NEWUSER),
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
