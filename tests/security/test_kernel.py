@@ -1,15 +1,17 @@
 """Attacks on the shared kernel from inside a real sandbox, as root: reading host facts, taking a mask away and
 writing what it protected, and the system calls the seccomp profile (:mod:`sbx.runtime.seccomp`) refuses.
 
-Each test fails against main's configuration before this change (identity uid map, no seccomp, no masks over
-``/proc/cmdline`` and the block devices): there, ``/proc/cmdline`` shows the host's, ``backing_file`` lists every
-sandbox disk's host path, ``Seccomp:`` is 0 and every probed call reaches the kernel. The syscall probe uses
+Every attack test here fails when run against main's configuration before this change (measured; the attacks
+succeed there: identity uid map, no seccomp, no masks over ``/proc/cmdline`` and the block devices):
+``/proc/cmdline`` shows the host's, ``backing_file`` lists every sandbox disk's host path, ``Seccomp:`` is 0 and
+every probed call reaches the kernel. The syscall probe uses
 arguments for which the kernel answers something other than EPERM when no filter is present (a result, EINVAL,
 EFAULT, EBADF, ENOKEY or ENOSYS for what this kernel lacks), so EPERM can only come from the filter (and the
 keyring calls, which the filter answers with ENOSYS, succeed or answer ENOKEY without it). ``acct``,
 ``swapon``/``swapoff`` and ``syslog`` are left out of the probe: the kernel already refuses them to a user
 namespace's root by capability, so the filter is a second layer there (tests/unit/runtime/test_seccomp.py checks
-they are listed).
+they are listed). ``test_own_network_sysctls_stay_writable`` is no attack: it guards what must keep working.
+``test_unmounted_mask_protects_nothing`` passes only with the shifted uid map (issue 17, item 1).
 """
 
 from __future__ import annotations
@@ -175,6 +177,19 @@ def test_new_user_namespaces_refused_other_namespaces_work(sec_server: Server, s
     out = r.stdout
     assert "Operation not permitted" in out and "user=1" in out and "user-root=1" in out, out
     assert all(f"{ns}=0" in out for ns in ("mount", "net", "pid", "ipc-uts")), out + r.stderr
+
+
+def test_own_network_sysctls_stay_writable(sec_server: Server, sandbox: str) -> None:
+    """The sandbox's own ``net.*`` (its network namespace's) stay writable: Docker inside sets
+    ``net.ipv4.ip_forward``. Not an attack: it guards the choice of leaving ``/proc/sys`` out of the read-only
+    paths (runc 1.1 cannot carve ``net`` back out of a read-only ``/proc/sys``)."""
+    r = root(sec_server, sandbox, """
+        for f in /proc/sys/net/ipv4/ip_forward /proc/sys/net/core/somaxconn; do
+            v=$(cat "$f") && printf '%s\\n' "$v" > "$f" && echo "wrote $f"
+        done
+    """)
+    assert r.stdout.split() == ["wrote", "/proc/sys/net/ipv4/ip_forward", "wrote", "/proc/sys/net/core/somaxconn"], \
+        r.stdout + r.stderr
 
 
 def test_filter_survives_stop_and_resume(sec_server: Server) -> None:
