@@ -46,8 +46,9 @@ CFS_PERIOD_US = 100_000
 # per-device ext4/xfs statistics (named after those loop devices), the kernel log and debugfs. runc 1.1 makes
 # these mounts inside the sandbox's own user namespace, so root inside can unmount them or mount a fresh proc or
 # sysfs beside them (measured): they keep host facts from a casual look and from non-root users; what they guard
-# against writes is guarded again by the uid map. /proc/sys stays writable for the sandbox's own net.* (runc cannot
-# carve a writable /proc/sys/net out of a read-only /proc/sys: it refuses mounts inside /proc).
+# against writes is guarded again by the uid map. /proc/sys is not read-only: that would take the sandbox's own
+# net.* with it (Docker inside sets net.ipv4.ip_forward), and runc 1.1 cannot carve a writable /proc/sys/net back
+# out (it refuses any mount "inside /proc"; measured). The uid map refuses writes to the host's (non-net) sysctls.
 MASKED_PATHS = [
     "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
     "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
