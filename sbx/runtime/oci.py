@@ -8,7 +8,8 @@ what was measured to let CRIU checkpoint such a container on this kernel (``shar
   fails with "Can't get rlimit" for services running as non-root);
 - runc creates the network namespace itself and a ``prestart`` hook wires the veth, because runc runs the
   hook again on restore (a netns made with ``ip netns add`` does not mix with a user namespace);
-- ``container=oci`` in the environment and SIGRTMIN+3 (37) to ask systemd to halt.
+- ``container=oci`` in the environment and SIGRTMIN+3 (37) to ask systemd to halt;
+- the default seccomp profile of :mod:`sbx.runtime.seccomp` and the masks of :data:`MASKED_PATHS`.
 
 The layout follows the OCI runtime spec, config.json section (opencontainers/runtime-spec ``config.md``).
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from sbx.runtime import seccomp
 
 # Capabilities granted to PID 1. The host's bounding set lacks CAP_SYS_RESOURCE (runtime-facts), so it is left
 # out: asking runc for a capability outside the bounding set fails the start.
@@ -36,6 +39,24 @@ STOP_SIGNAL = 37
 ID_MAP_SIZE = 65536
 
 CFS_PERIOD_US = 100_000
+
+# What runc hides (an empty read-only tmpfs over a directory, /dev/null over a file): Docker's default list, then
+# host facts that are not the sandbox's business: the host's kernel command line and boot parameters, its block
+# devices (the loop devices' ``loop/backing_file`` names every sandbox disk on the node and its host path), the
+# per-device ext4/xfs statistics (named after those loop devices), the kernel log and debugfs. runc 1.1 makes
+# these mounts inside the sandbox's own user namespace, so root inside can unmount them or mount a fresh proc or
+# sysfs beside them (measured): they keep host facts from a casual look and from non-root users; what they guard
+# against writes is guarded again by the uid map. /proc/sys is not read-only: that would take the sandbox's own
+# net.* with it (Docker inside sets net.ipv4.ip_forward), and runc 1.1 cannot carve a writable /proc/sys/net back
+# out (it refuses any mount "inside /proc"; measured). The uid map refuses writes to the host's (non-net) sysctls.
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+    "/proc/cmdline", "/proc/partitions", "/proc/kmsg",
+    "/sys/block", "/sys/class/block", "/sys/dev/block", "/sys/devices/virtual/block",
+    "/sys/fs/ext4", "/sys/fs/xfs", "/sys/kernel/debug", "/sys/kernel/boot_params", "/sys/kernel/vmcoreinfo",
+]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger"]
 
 # The /proc files LXCFS virtualizes per container.
 LXCFS_PROC_FILES = ["cpuinfo", "diskstats", "loadavg", "meminfo", "stat", "swaps", "uptime"]
@@ -136,10 +157,8 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
                 "cpu": {"quota": spec.vcpus * CFS_PERIOD_US, "period": CFS_PERIOD_US, "cpus": spec.cpuset_cpus},
                 "pids": {"limit": spec.pids_limit},
             },
-            "maskedPaths": [
-                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
-            ],
-            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger"],
+            "maskedPaths": list(MASKED_PATHS),
+            "readonlyPaths": list(READONLY_PATHS),
+            "seccomp": seccomp.default_profile(),
         },
     }
