@@ -42,14 +42,12 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sbx import __version__ as sbx_version
-from sbx.api import sandbox_io
+from sbx.api import errors, sandbox_io
 from sbx.api.auth import ensure_token
 from sbx.api.models import (
     CreateSandbox,
@@ -61,25 +59,17 @@ from sbx.api.models import (
     StopSandbox,
 )
 from sbx.config import Settings
-from sbx.control.errors import ControlError, from_node
+from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
 from sbx.control.store import SandboxRow
-from sbx.node.types import NodeAgent, NodeError
+from sbx.node.types import NodeAgent
 
 log = logging.getLogger("sbx.api")
 
 NDJSON = "application/x-ndjson"
 WAIT_TIMEOUT = 900.0
-
-
-def _error(status: int, code: str, message: str, state: str | None = None, headers: dict[str, str] | None = None
-           ) -> JSONResponse:
-    body: dict[str, Any] = {"code": code, "message": message}
-    if state is not None:
-        body["state"] = state
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def _ndjson(lines: Iterator[dict[str, Any]]) -> StreamingResponse:
@@ -141,41 +131,8 @@ def create_app(
     app.state.control = cp
     app.state.reaper = reaper
 
-    @app.exception_handler(ControlError)
-    async def _control_error(_req: Request, exc: ControlError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return _error(exc.status, exc.code, exc.message, exc.state, headers)
-
-    @app.exception_handler(NodeError)
-    async def _node_error(_req: Request, exc: NodeError) -> JSONResponse:
-        mapped = from_node(exc.code, exc.message)
-        return _error(mapped.status, mapped.code, mapped.message)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors():
-            loc = tuple(err.get("loc", ()))
-            if err.get("type") == "json_invalid":  # loc is ("body", <byte offset>)
-                at = f" at byte {loc[-1]}" if len(loc) > 1 else ""
-                parts.append(f"the body is not valid JSON{at}: {err.get('ctx', {}).get('error', err.get('msg'))}")
-                continue
-            if loc == ("body",) and err.get("type") in ("model_attributes_type", "dict_type"):
-                parts.append("the body must be a JSON object, sent with Content-Type: application/json")
-                continue
-            where = ".".join(str(p) for p in loc if p != "body")
-            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-        return _error(422, "invalid_request", "; ".join(parts) or "malformed request")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
 
     bearer = HTTPBearer(auto_error=False, description="The server's API token (sbx server writes it to "
                         "~/.config/sbx/config.toml)")
@@ -188,8 +145,10 @@ def create_app(
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, Any]:
-        """Liveness check; needs no token."""
+        """Liveness check; needs no token (``HEAD`` works too)."""
         return {"ok": True, "version": sbx_version}
+
+    app.head("/healthz", include_in_schema=False)(healthz)
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth)])
 
@@ -278,15 +237,18 @@ def create_app(
 
     @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse)
     def exec_command(sandbox_id: str, body: ExecCommand) -> StreamingResponse:
-        """Run a command and stream NDJSON lines ``{"stream": "stdout"|"stderr", "data": text}``, then
-        ``{"exit_code": N, "timed_out": bool}``. Waits for a provisioning or resuming sandbox to run."""
-        lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd)
+        """Run a command and stream NDJSON lines ``{"stream": "stdout"|"stderr", "data": text}`` (with
+        ``"encoding": "base64"`` when asked: ``data`` is then base64 of the exact bytes), then ``{"exitCode": N,
+        "timedOut": bool}`` (124 after ``timeout``). Waits for a provisioning or resuming sandbox to run; resumes a
+        stopped ``autoResume`` one."""
+        lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd, body.encoding)
         return _ndjson(lines)
 
     @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"])
     def start_job(sandbox_id: str, body: StartJob) -> dict[str, Any]:
-        """Start a detached job; it keeps running after this call returns."""
-        return {"job": job_view(cp.exec_detached(sandbox_id, body.command, body.user))}
+        """Start a detached job; it keeps running after this call returns (and across stop/resume with memory)."""
+        return {"job": job_view(cp.exec_detached(sandbox_id, body.command, body.user, body.env, body.cwd,
+                                                 body.timeout, body.stdin))}
 
     @v1.get("/sandboxes/{sandbox_id}/jobs", tags=["exec"])
     def list_jobs(sandbox_id: str) -> dict[str, Any]:
@@ -297,6 +259,12 @@ def create_app(
     def get_job(sandbox_id: str, job_id: str) -> dict[str, Any]:
         """One detached job."""
         return {"job": job_view(cp.job(sandbox_id, job_id))}
+
+    @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/kill", tags=["exec"])
+    def kill_job(sandbox_id: str, job_id: str) -> dict[str, Any]:
+        """Kill a running job (SIGKILL to all its processes; it ends with exit 137). An ended job is answered as
+        is."""
+        return {"job": job_view(cp.kill_job(sandbox_id, job_id))}
 
     @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/logs", tags=["exec"], response_class=StreamingResponse)
     def job_logs(sandbox_id: str, job_id: str, follow: bool = False) -> StreamingResponse:

@@ -38,7 +38,7 @@ import subprocess
 import termios
 import tty
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
@@ -55,6 +55,25 @@ log = logging.getLogger("sbx.api")
 
 UPLOAD_BATCH = 1 << 20
 """Bytes of request body gathered before one write into the sandbox."""
+TAR_BLOCK = 512
+User = Literal["user", "root"]
+
+
+def looks_like_tar(head: bytes) -> bool:
+    """Whether ``head`` (the first 512 bytes of a body, or all of a shorter one) starts a tar archive: a header
+    block whose checksum (bytes 148-155, octal) matches its bytes, or an all-zero end-of-archive block."""
+    block = head[:TAR_BLOCK]
+    if len(block) < TAR_BLOCK:
+        return False
+    if block == bytes(TAR_BLOCK):
+        return True
+    field = block[148:156].replace(b"\0", b" ").strip()
+    try:
+        want = int(field, 8)
+    except ValueError:
+        return False
+    rest = block[:148] + b" " * 8 + block[156:]
+    return want in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
 
 
 def register(app: FastAPI, v1: APIRouter, cp: ControlPlane, api_token: str) -> None:
@@ -87,12 +106,13 @@ def _routes(v1: APIRouter, cp: ControlPlane) -> None:
 
 
 def _files(v1: APIRouter, cp: ControlPlane) -> None:
-    PathQ = Query(..., description="path in the sandbox (absolute, or relative to the user's home; ~ allowed)")
     ArchiveQ = Query(None, pattern="^tar$", description="'tar': a directory as a tar stream")
     UserQ = Query("user", description="'user' (default) or 'root'")
+    PathQ = Query(..., min_length=1, max_length=4096,
+                  description="path in the sandbox (absolute, or relative to the user's home; ~ allowed)")
 
     @v1.get("/sandboxes/{sandbox_id}/files", tags=["files"], response_class=StreamingResponse)
-    def read_file(sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ, user: str = UserQ
+    def read_file(sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ, user: User = UserQ
                   ) -> StreamingResponse:
         """A file's bytes, streamed (or a directory as a tar stream with ``archive=tar``)."""
         if archive:
@@ -101,15 +121,28 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
 
     @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=None)
     async def write_file(request: Request, sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ,
-                         user: str = UserQ) -> dict[str, Any] | Response:
+                         user: User = UserQ) -> dict[str, Any] | Response:
         """Write the request body to a file (parents made, owned by ``user``), or extract a tar body into a
         directory with ``archive=tar``. The body is streamed into the sandbox."""
         opener = cp.files.open_untar if archive else cp.files.open_write
+        body = request.stream()
+        head = b""
+        if archive:  # refuse a body that is not a tar archive before anything is made in the sandbox
+            try:
+                async for chunk in body:
+                    head += chunk
+                    if len(head) >= TAR_BLOCK:
+                        break
+            except ClientDisconnect:
+                return Response(status_code=499)
+            if not looks_like_tar(head):
+                raise ControlError("invalid_archive", "the body is not a tar archive (archive=tar takes an "
+                                   "uncompressed POSIX/GNU tar stream)", 400)
         writer = await run_in_threadpool(opener, sandbox_id, path, user)
         try:
-            batch: list[bytes] = []
-            size = 0
-            async for chunk in request.stream():
+            batch: list[bytes] = [head] if head else []
+            size = len(head)
+            async for chunk in body:
                 batch.append(chunk)
                 size += len(chunk)
                 if size >= UPLOAD_BATCH:
@@ -128,18 +161,18 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
         return {"path": path, "size": written}
 
     @v1.delete("/sandboxes/{sandbox_id}/files", tags=["files"])
-    def remove_file(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+    def remove_file(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """Remove a file or a directory with everything in it."""
         cp.files.remove(sandbox_id, path, user)
         return {"deleted": path}
 
     @v1.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
-    def list_files(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+    def list_files(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """A directory's entries: ``{"name","path","type","size","mode","mtime"}``, sorted by name."""
         return {"entries": cp.files.list(sandbox_id, path, user)}
 
     @v1.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
-    def stat_file(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+    def stat_file(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """One entry for ``path`` (a symlink is followed when it resolves)."""
         return {"entry": cp.files.stat(sandbox_id, path, user)}
 

@@ -21,6 +21,17 @@ def _write(stream: TextIO) -> Callable[[str], None]:
     return write
 
 
+def _write_bytes(stream: TextIO) -> Callable[[bytes], None]:
+    """A callback writing raw bytes to ``stream``'s binary buffer (exec output is carried exactly)."""
+    buf = stream.buffer
+
+    def write(data: bytes) -> None:
+        buf.write(data)
+        buf.flush()
+
+    return write
+
+
 @handle_errors
 def exec_(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
@@ -56,7 +67,7 @@ def exec_(
                         "timedOut": res.timed_out})
         else:
             res = c.run(P.exec_(sandbox_id, cmd, timeout or None, user, parse_env(env), cwd,
-                                _write(sys.stdout), _write(sys.stderr)))
+                                _write_bytes(sys.stdout), _write_bytes(sys.stderr), binary=True))
     if res.timed_out:
         err.print(f"sbx: command timed out after {timeout:g} s (exit 124); use --timeout or --detach",
                   markup=False)

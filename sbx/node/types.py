@@ -134,8 +134,15 @@ class NodeAgent(Protocol):
         On ``timeout`` (seconds) the whole process group is killed and the exit event has code 124."""
         ...
 
-    def exec_detached(self, id: str, command: str, *, user: str = "user") -> JobInfo:
-        """Start ``command`` as a job that outlives the caller (and a stop/resume with memory)."""
+    def exec_detached(self, id: str, command: str, *, user: str = "user", env: dict[str, str] | None = None,
+                      cwd: str | None = None, timeout: float | None = None, stdin: str | None = None) -> JobInfo:
+        """Start ``command`` as a job that outlives the caller (and a stop/resume with memory): extra ``env``,
+        absolute ``cwd`` (default the user's home), ``timeout`` seconds (then killed, exit 124), ``stdin`` text."""
+        ...
+
+    def kill_job(self, id: str, job: str) -> None:
+        """SIGKILL every process of a job; it then reports exit 137 (unless it had ended). ``not_found`` if
+        unknown."""
         ...
 
     def jobs(self, id: str) -> list[JobInfo]:
