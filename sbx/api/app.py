@@ -48,6 +48,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from sbx import __version__ as sbx_version
 from sbx.api import errors, sandbox_io
+from sbx.api import schemas as S
 from sbx.api.auth import ensure_token
 from sbx.api.models import (
     CreateSandbox,
@@ -70,6 +71,13 @@ log = logging.getLogger("sbx.api")
 
 NDJSON = "application/x-ndjson"
 WAIT_TIMEOUT = 900.0
+_DONE: dict[int | str, dict[str, Any]] = {200: {"model": S.SandboxOut, "description": "with wait=true: the sandbox "
+                                                "once the operation has finished"}}
+
+
+def _stream(what: str) -> dict[str, Any]:
+    """An OpenAPI response entry for an NDJSON stream (one JSON object per line)."""
+    return {"description": f"NDJSON: {what}", "content": {NDJSON: {"schema": {"type": "string"}}}}
 
 
 def _ndjson(lines: Iterator[dict[str, Any]]) -> StreamingResponse:
@@ -143,7 +151,7 @@ def create_app(
         ):
             raise ControlError("unauthorized", "missing or wrong API token", 401)
 
-    @app.get("/healthz", tags=["meta"])
+    @app.get("/healthz", tags=["meta"], response_model=S.Health)
     def healthz() -> dict[str, Any]:
         """Liveness check; needs no token (``HEAD`` works too)."""
         return {"ok": True, "version": sbx_version}
@@ -161,32 +169,44 @@ def create_app(
         return JSONResponse({"sandbox": cp.view(row)}, status_code=202)
 
     WaitQ = Query(False, alias="wait", description="answer when the operation has finished")
-    TimeoutQ = Query(WAIT_TIMEOUT, alias="timeout", ge=0, description="longest wait in seconds with wait=true")
+    TimeoutQ = Query(WAIT_TIMEOUT, alias="timeout", ge=0, le=86400, description="longest wait in seconds with "
+                     "wait=true")
 
-    @v1.post("/sandboxes", status_code=202, tags=["sandboxes"])
+    @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 502, 507), **_DONE})
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Create a sandbox; answers 202 in state ``provisioning`` (or 200 once running with ``?wait=true``)."""
         row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
-                        body.auto_resume)
+                        body.auto_resume, body.labels)
         return accepted(row, wait_, timeout)
 
-    @v1.get("/sandboxes", tags=["sandboxes"])
-    def list_sandboxes() -> dict[str, Any]:
-        """Every sandbox that is not deleted, oldest first, with fresh stats for running ones."""
-        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes()]}
+    @v1.get("/sandboxes", tags=["sandboxes"], response_model=S.SandboxList, responses=S.errors(400))
+    def list_sandboxes(label: list[str] = Query([], description="only sandboxes with this label, as key=value "
+                                                "(repeat for several: all must match)")) -> dict[str, Any]:
+        """Every sandbox that is not deleted, oldest first (``?label=team=ml`` filters on labels)."""
+        wanted: dict[str, str] = {}
+        for item in label:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ControlError("invalid_label", f"label filters are key=value, got {item[:80]!r}", 400,
+                                   field="label")
+            wanted[key] = value
+        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes(wanted)]}
 
-    @v1.get("/sandboxes/{sandbox_id}", tags=["sandboxes"])
+    @v1.get("/sandboxes/{sandbox_id}", tags=["sandboxes"], response_model=S.SandboxOut, responses=S.errors(404))
     def get_sandbox(sandbox_id: str) -> dict[str, Any]:
         """One sandbox; ``stats`` is sampled now when it runs."""
         return {"sandbox": cp.view(cp.get(sandbox_id))}
 
-    @v1.delete("/sandboxes/{sandbox_id}", status_code=202, tags=["sandboxes"])
+    @v1.delete("/sandboxes/{sandbox_id}", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
+               responses={**S.errors(400, 404, 409, 502), **_DONE})
     def delete_sandbox(sandbox_id: str, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Delete a sandbox with its disk and automatic snapshots (named snapshots stay)."""
         row = cp.delete(sandbox_id)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/stop", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/stop", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 409, 502), **_DONE})
     def stop_sandbox(
         sandbox_id: str, body: StopSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -195,7 +215,8 @@ def create_app(
         row = cp.stop(sandbox_id, keep_memory=(body or StopSandbox.model_validate({})).keep_memory)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 409, 502, 507), **_DONE})
     def resume_sandbox(
         sandbox_id: str, body: ResumeSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -205,7 +226,8 @@ def create_app(
         row = cp.resume(sandbox_id, b.type, b.require_memory, b.ttl)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 409, 502, 507), **_DONE})
     def fork_sandbox(
         sandbox_id: str, body: ForkSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -214,28 +236,31 @@ def create_app(
         row = cp.fork(sandbox_id, b.type, b.ttl, b.name, b.env)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/snapshot", status_code=201, tags=["snapshots"])
+    @v1.post("/sandboxes/{sandbox_id}/snapshot", status_code=201, tags=["snapshots"], response_model=S.SnapshotOut,
+             responses=S.errors(400, 404, 409, 502, 507))
     def snapshot_sandbox(sandbox_id: str, body: SnapshotSandbox) -> dict[str, Any]:
         """Save a named, read-only copy of the sandbox's disk (usable with ``fromSnapshot``)."""
         return {"snapshot": cp.snapshot_views([cp.snapshot(sandbox_id, body.name)])[0]}
 
-    @v1.get("/sandboxes/{sandbox_id}/snapshots", tags=["snapshots"])
+    @v1.get("/sandboxes/{sandbox_id}/snapshots", tags=["snapshots"], response_model=S.SnapshotList,
+            responses=S.errors(404))
     def sandbox_snapshots(sandbox_id: str) -> dict[str, Any]:
         """Snapshots made from this sandbox, oldest first."""
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox_id))}
 
-    @v1.get("/snapshots", tags=["snapshots"])
+    @v1.get("/snapshots", tags=["snapshots"], response_model=S.SnapshotList, responses=S.errors(404))
     def list_snapshots(sandbox: str | None = Query(None, description="only this sandbox's")) -> dict[str, Any]:
         """All snapshots, oldest first."""
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox))}
 
-    @v1.delete("/snapshots/{name}", tags=["snapshots"])
+    @v1.delete("/snapshots/{name}", tags=["snapshots"], response_model=S.Deleted, responses=S.errors(404, 409, 502))
     def delete_snapshot(name: str) -> dict[str, Any]:
         """Delete a snapshot."""
         cp.delete_snapshot(name)
         return {"deleted": name}
 
-    @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse)
+    @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse,
+             responses={**S.errors(400, 404, 409, 502), 200: _stream("exec output, then the exit line")})
     def exec_command(sandbox_id: str, body: ExecCommand) -> StreamingResponse:
         """Run a command and stream NDJSON lines ``{"stream": "stdout"|"stderr", "data": text}`` (with
         ``"encoding": "base64"`` when asked: ``data`` is then base64 of the exact bytes), then ``{"exitCode": N,
@@ -244,42 +269,48 @@ def create_app(
         lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd, body.encoding)
         return _ndjson(lines)
 
-    @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"])
+    @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"], response_model=S.JobOut,
+             responses=S.errors(400, 404, 409, 502))
     def start_job(sandbox_id: str, body: StartJob) -> dict[str, Any]:
         """Start a detached job; it keeps running after this call returns (and across stop/resume with memory)."""
         return {"job": job_view(cp.exec_detached(sandbox_id, body.command, body.user, body.env, body.cwd,
                                                  body.timeout, body.stdin))}
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs", tags=["exec"])
+    @v1.get("/sandboxes/{sandbox_id}/jobs", tags=["exec"], response_model=S.JobList, responses=S.errors(404, 502))
     def list_jobs(sandbox_id: str) -> dict[str, Any]:
         """The sandbox's detached jobs, oldest first."""
         return {"jobs": [job_view(j) for j in cp.jobs(sandbox_id)]}
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}", tags=["exec"])
+    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}", tags=["exec"], response_model=S.JobOut,
+            responses=S.errors(404, 502))
     def get_job(sandbox_id: str, job_id: str) -> dict[str, Any]:
         """One detached job."""
         return {"job": job_view(cp.job(sandbox_id, job_id))}
 
-    @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/kill", tags=["exec"])
+    @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/kill", tags=["exec"], response_model=S.JobOut,
+             responses=S.errors(404, 409, 502))
     def kill_job(sandbox_id: str, job_id: str) -> dict[str, Any]:
         """Kill a running job (SIGKILL to all its processes; it ends with exit 137). An ended job is answered as
         is."""
         return {"job": job_view(cp.kill_job(sandbox_id, job_id))}
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/logs", tags=["exec"], response_class=StreamingResponse)
+    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/logs", tags=["exec"], response_class=StreamingResponse,
+            responses={**S.errors(404, 502), 200: _stream("the job's output, then its exit line once ended")})
     def job_logs(sandbox_id: str, job_id: str, follow: bool = False) -> StreamingResponse:
         """A job's output as exec-style NDJSON lines; with ``follow`` until the job ends."""
         return _ndjson(cp.job_logs(sandbox_id, job_id, follow))
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/wait", tags=["exec"])
-    def job_wait(sandbox_id: str, job_id: str, timeout: float = Query(300.0, ge=0)) -> dict[str, Any]:
+    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/wait", tags=["exec"], response_model=S.JobOut,
+            responses=S.errors(400, 404, 502))
+    def job_wait(sandbox_id: str, job_id: str, timeout: float = Query(300.0, ge=0, le=86400)) -> dict[str, Any]:
         """Wait (at most ``timeout`` seconds) for a job to end; answers the job (``running`` may still be true)."""
         return {"job": job_view(cp.job_wait(sandbox_id, job_id, timeout))}
 
-    @v1.get("/sandboxes/{sandbox_id}/events", tags=["sandboxes"], response_class=StreamingResponse)
+    @v1.get("/sandboxes/{sandbox_id}/events", tags=["sandboxes"], response_class=StreamingResponse,
+            responses={**S.errors(400, 404), 200: _stream("lifecycle events")})
     def sandbox_events(
         sandbox_id: str,
-        after: int = Query(0, ge=0, description="only events with seq greater than this"),
+        after: int = Query(0, ge=0, le=2 ** 62, description="only events with seq greater than this"),
         follow: bool = Query(False, description="keep the stream open for new events"),
         until: str | None = Query(None, pattern="^settled$", description="'settled': end once it is stable"),
     ) -> StreamingResponse:

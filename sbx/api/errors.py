@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from sbx.control.errors import ControlError, from_node
 from sbx.node.types import NodeError
@@ -102,6 +103,18 @@ def _parse_failure(exc: BaseException | None) -> str:
     return f"the body is not valid JSON: {exc}" if exc is not None else "the body is not valid JSON"
 
 
+def allowed_methods(app: FastAPI, req: Request) -> list[str]:
+    """The methods of every route of ``app`` whose path matches ``req``'s (``HEAD`` with ``GET``), sorted."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches({**req.scope, "method": "\0"})
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register the exception handlers that give every error the shape above."""
 
@@ -121,8 +134,10 @@ def install(app: FastAPI) -> None:
         return error_response(status, code, message, field=field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:  # Starlette names only the first route's methods: name every route's at this path
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, req))}
         if exc.status_code == 400 and str(exc.detail).startswith("There was an error parsing the body"):
             return error_response(422, "invalid_request", _parse_failure(exc.__cause__))
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code,

@@ -30,6 +30,10 @@ PATH_MAX = 4096
 """Longest path (``cwd``, files API), in UTF-8 bytes."""
 SIZE_TYPES = ("small", "default", "large", "xlarge")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABELS_MAX = 32
+"""Most labels a sandbox may carry."""
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+LABEL_VALUE_MAX = 256
 SNAPSHOT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 # the control plane checks the type against the server's sizes (400 invalid_type naming the choices); the enum
@@ -76,6 +80,19 @@ def check_env(env: dict[str, str] | None) -> dict[str, str] | None:
     return env
 
 
+def check_labels(labels: dict[str, str] | None) -> dict[str, str] | None:
+    """Raise ``PydanticCustomError("invalid_labels")`` for a key outside :data:`LABEL_KEY_PATTERN` or a value over
+    :data:`LABEL_VALUE_MAX` characters (the count is bounded by the field's ``max_length``)."""
+    for k, v in (labels or {}).items():
+        if not re.match(LABEL_KEY_PATTERN, k):
+            raise PydanticCustomError("invalid_labels", "label keys are 1-63 characters: letters, digits, '.', '_', "
+                                      "'/', '-', starting with a letter or digit: {key!r}", {"key": k[:80]})
+        if len(v) > LABEL_VALUE_MAX:
+            raise PydanticCustomError("invalid_labels", "label values are at most {n} characters",
+                                      {"n": LABEL_VALUE_MAX})
+    return labels
+
+
 def check_command(command: str) -> str:
     """Raise ``PydanticCustomError("invalid_command")`` for a command over :data:`COMMAND_MAX_BYTES` bytes."""
     if len(command.encode("utf-8", "surrogatepass")) > COMMAND_MAX_BYTES:
@@ -85,8 +102,10 @@ def check_command(command: str) -> str:
 
 Env = Annotated[dict[str, str] | None, AfterValidator(check_env)]
 Command = Annotated[str, AfterValidator(check_command)]
+Labels = Annotated[dict[str, str] | None, AfterValidator(check_labels)]
 
-EnvField = Field(None, max_length=ENV_MAX_VARS, description=f"environment variables (names "
+EnvField = Field(None, max_length=ENV_MAX_VARS, json_schema_extra={"propertyNames": {"pattern": ENV_KEY_RE.pattern}},
+                 description=f"environment variables (names "
                  f"[A-Za-z_][A-Za-z0-9_]*, at most {ENV_MAX_VARS}, {ENV_MAX_BYTES} bytes in all)")
 TtlField = Field(None, ge=0, le=TTL_MAX, description="seconds without activity before an automatic stop "
                  "(0 = never)")
@@ -126,6 +145,8 @@ class CreateSandbox(_Body):
     no_snapshots: bool = Field(False, alias="noSnapshots")
     env: Env = EnvField
     auto_resume: bool = Field(False, alias="autoResume")
+    labels: Labels = Field(None, max_length=LABELS_MAX, description=f"string metadata (at most {LABELS_MAX}; keys "
+                           "1-63 characters of letters, digits, '.', '_', '/', '-'), for `GET /v1/sandboxes?label=`")
 
 
 

@@ -40,12 +40,13 @@ import tty
 from collections.abc import Callable
 from typing import Any, Literal
 
-from fastapi import APIRouter, FastAPI, Query, Request, WebSocket
+from fastapi import APIRouter, FastAPI, Path, Query, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect
 
+from sbx.api import schemas as S
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
@@ -56,6 +57,12 @@ log = logging.getLogger("sbx.api")
 UPLOAD_BATCH = 1 << 20
 """Bytes of request body gathered before one write into the sandbox."""
 TAR_BLOCK = 512
+_FILE_ERRORS = (400, 403, 404, 409, 502, 507)
+_BYTES: dict[str, Any] = {"description": "the file's bytes (or a tar stream with archive=tar)", "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}
+_UPLOAD: dict[str, Any] = {"requestBody": {"required": False, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 User = Literal["user", "root"]
 
 
@@ -84,7 +91,8 @@ def register(app: FastAPI, v1: APIRouter, cp: ControlPlane, api_token: str) -> N
 
 
 def _routes(v1: APIRouter, cp: ControlPlane) -> None:
-    @v1.post("/sandboxes/{sandbox_id}/routes", status_code=201, tags=["ports"])
+    @v1.post("/sandboxes/{sandbox_id}/routes", status_code=201, tags=["ports"], response_model=S.RouteOut,
+             responses=S.errors(400, 404))
     def host_port(sandbox_id: str, body: HostPort) -> dict[str, Any]:
         """Publish a port of the sandbox at ``https://<port>-<subdomain>.<domain>``; a private route needs its
         ``token`` (``X-Sbx-Token`` header, or ``?token=`` once, which sets a cookie). Hosting again keeps the
@@ -92,14 +100,15 @@ def _routes(v1: APIRouter, cp: ControlPlane) -> None:
         row = cp.routes.host(sandbox_id, body.port, body.public)
         return {"route": cp.routes.view(row, cp.get(sandbox_id).subdomain)}
 
-    @v1.get("/sandboxes/{sandbox_id}/routes", tags=["ports"])
+    @v1.get("/sandboxes/{sandbox_id}/routes", tags=["ports"], response_model=S.RouteList, responses=S.errors(404))
     def list_routes(sandbox_id: str) -> dict[str, Any]:
         """The sandbox's hosted ports, by port."""
         sub = cp.get(sandbox_id).subdomain
         return {"routes": [cp.routes.view(r, sub) for r in cp.routes.list(sandbox_id)]}
 
-    @v1.delete("/sandboxes/{sandbox_id}/routes/{port}", tags=["ports"])
-    def unhost_port(sandbox_id: str, port: int) -> dict[str, Any]:
+    @v1.delete("/sandboxes/{sandbox_id}/routes/{port}", tags=["ports"], response_model=S.Deleted,
+               responses=S.errors(400, 404))
+    def unhost_port(sandbox_id: str, port: int = Path(ge=1, le=65535)) -> dict[str, Any]:
         """Stop publishing a port."""
         cp.routes.unhost(sandbox_id, port)
         return {"deleted": port}
@@ -111,7 +120,8 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
     PathQ = Query(..., min_length=1, max_length=4096,
                   description="path in the sandbox (absolute, or relative to the user's home; ~ allowed)")
 
-    @v1.get("/sandboxes/{sandbox_id}/files", tags=["files"], response_class=StreamingResponse)
+    @v1.get("/sandboxes/{sandbox_id}/files", tags=["files"], response_class=StreamingResponse,
+            responses={**S.errors(*_FILE_ERRORS), 200: _BYTES})
     def read_file(sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ, user: User = UserQ
                   ) -> StreamingResponse:
         """A file's bytes, streamed (or a directory as a tar stream with ``archive=tar``)."""
@@ -119,7 +129,8 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
             return StreamingResponse(cp.files.open_tar(sandbox_id, path, user), media_type="application/x-tar")
         return StreamingResponse(cp.files.open_read(sandbox_id, path, user), media_type="application/octet-stream")
 
-    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=None)
+    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=S.Written,
+            responses=S.errors(*_FILE_ERRORS), openapi_extra=_UPLOAD)
     async def write_file(request: Request, sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ,
                          user: User = UserQ) -> dict[str, Any] | Response:
         """Write the request body to a file (parents made, owned by ``user``), or extract a tar body into a
@@ -160,18 +171,21 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
         written = await run_in_threadpool(writer.finish)
         return {"path": path, "size": written}
 
-    @v1.delete("/sandboxes/{sandbox_id}/files", tags=["files"])
+    @v1.delete("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=S.Deleted,
+               responses=S.errors(*_FILE_ERRORS))
     def remove_file(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """Remove a file or a directory with everything in it."""
         cp.files.remove(sandbox_id, path, user)
         return {"deleted": path}
 
-    @v1.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
+    @v1.get("/sandboxes/{sandbox_id}/files/list", tags=["files"], response_model=S.FileList,
+            responses=S.errors(*_FILE_ERRORS))
     def list_files(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """A directory's entries: ``{"name","path","type","size","mode","mtime"}``, sorted by name."""
         return {"entries": cp.files.list(sandbox_id, path, user)}
 
-    @v1.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
+    @v1.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"], response_model=S.FileEntryOut,
+            responses=S.errors(*_FILE_ERRORS))
     def stat_file(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """One entry for ``path`` (a symlink is followed when it resolves)."""
         return {"entry": cp.files.stat(sandbox_id, path, user)}

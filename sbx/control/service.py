@@ -202,7 +202,8 @@ class ControlPlane:
 
     def view(self, row: SandboxRow, stats: bool = True, space: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
-        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats.
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, labels,
+        stats.
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -224,6 +225,7 @@ class ControlPlane:
             "ttl": row.ttl,
             "autoResume": bool(row.auto_resume),
             "noSnapshots": bool(row.no_snapshots),
+            "labels": dict(row.labels or {}),
             "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 
@@ -324,9 +326,13 @@ class ControlPlane:
         """The sandbox row; 404 ``not_found`` if unknown or deleted."""
         return self.lifecycle.get(sandbox_id)
 
-    def list_sandboxes(self) -> list[SandboxRow]:
-        """Every sandbox that is not deleted, oldest first."""
-        return self.store.list_sandboxes()
+    def list_sandboxes(self, labels: dict[str, str] | None = None) -> list[SandboxRow]:
+        """Every sandbox that is not deleted, oldest first; with ``labels``, only those carrying every one of
+        them (same key, same value)."""
+        rows = self.store.list_sandboxes()
+        if labels:
+            rows = [r for r in rows if all((r.labels or {}).get(k) == v for k, v in labels.items())]
+        return rows
 
     def create(
         self,
@@ -337,12 +343,14 @@ class ControlPlane:
         no_snapshots: bool = False,
         env: dict[str, str] | None = None,
         auto_resume: bool = False,
+        labels: dict[str, str] | None = None,
     ) -> SandboxRow:
         """Create a sandbox of size ``type`` (a disk from the base image, or a copy of snapshot
         ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
 
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
-        ``auto_resume``: a request on one of its hosted ports resumes it when it is stopped.
+        ``auto_resume``: an exec, a file call, a shell or a request on one of its hosted ports resumes it when it
+        is stopped. ``labels``: string metadata, filtered on by :meth:`list_sandboxes`.
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
@@ -351,6 +359,7 @@ class ControlPlane:
         row = self._add_new_row(
             "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
             no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
+            labels=dict(labels or {}),
         )
         sandbox_id = row.id
         spec = self._spec(row, size)
@@ -543,7 +552,7 @@ class ControlPlane:
             row = self._add_new_row(
                 "forking", size, f"{source.name} (fork)" if name is None else name,
                 self.settings.fork_default_ttl if ttl is None else ttl, dict(source.env if env is None else env),
-                no_snapshots=False, source_id=source_id,
+                no_snapshots=False, source_id=source_id, labels=dict(source.labels or {}),
             )
             fork_id = row.id
         except BaseException:

@@ -68,8 +68,8 @@ def test_removing_home_root_or_a_mount_point_is_refused_and_nothing_changes(http
 
 def test_a_removal_that_would_fail_half_way_removes_nothing(http: httpx.Client, sid: str) -> None:
     # a folder with a root-owned subfolder: rm -rf as user would delete what it can, then fail
-    run(http, sid, "mkdir -p half/a half/locked/inner && touch half/a/f half/locked/inner/g && "
-        "chown -R root:root half/locked && chmod 755 half/locked", user="root")
+    run(http, sid, "cd /home/user && mkdir -p half/a half/locked/inner && touch half/a/f half/locked/inner/g && "
+        "chown -R user:user half && chown -R root:root half/locked && chmod 755 half/locked", user="root")
     r = http.delete(f"/v1/sandboxes/{sid}/files", params={"path": "half"})
     assert error_of(r)[:2] == (403, "permission_denied")
     out, _ = run(http, sid, "find half | sort")
@@ -204,7 +204,7 @@ def test_every_error_has_the_same_shape(server: Any, http: httpx.Client, sid: st
     assert error_of(http.post(url, json={"command": "true", "bogus": 1})) == (422, "invalid_request", "bogus")
     r = http.put("/v1/sandboxes")
     assert error_of(r)[:2] == (405, "method_not_allowed")
-    assert set(r.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+    assert set(r.headers["allow"].replace(" ", "").split(",")) == {"GET", "HEAD", "POST"}
     assert error_of(http.get("/v1/nothing-here"))[:2] == (404, "not_found")
     assert error_of(httpx.get(server.url + "/v1/sandboxes"))[:2] == (401, "unauthorized")
     big = http.post(url, content=b'{"command": "' + b"x" * (2 << 20) + b'"}', headers=json_ct)
