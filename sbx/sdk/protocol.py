@@ -121,10 +121,12 @@ def create(
     env: dict[str, str] | None = None,
     wait: bool = True,
     auto_resume: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> Call:
-    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: a request on one
-    of its hosted ports resumes it when stopped."""
-    body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env})
+    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: an exec, a file
+    call, a shell or a request on one of its hosted ports resumes it when stopped. ``labels``: string metadata."""
+    body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env,
+                   "labels": labels})
     if no_snapshots:
         body["noSnapshots"] = True
     if auto_resume:
@@ -139,9 +141,10 @@ def get(sandbox_id: str) -> Call:
     return _sandbox(resp)
 
 
-def list_sandboxes() -> Call:
-    """``GET /v1/sandboxes``; returns a list of sandbox dicts."""
-    resp = yield Request("GET", "/v1/sandboxes")
+def list_sandboxes(labels: dict[str, str] | None = None) -> Call:
+    """``GET /v1/sandboxes``; returns a list of sandbox dicts (only those carrying every label in ``labels``)."""
+    params = {"label": [f"{k}={v}" for k, v in labels.items()]} if labels else {}
+    resp = yield Request("GET", "/v1/sandboxes", None, params)
     return list(resp.body["sandboxes"])
 
 
@@ -317,7 +320,7 @@ def jobs(sandbox_id: str) -> Call:
 
 def job_logs(
     sandbox_id: str, job_id: str, follow: bool = False,
-    on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None,
+    on_stdout: Callable[[Any], object] | None = None, on_stderr: Callable[[Any], object] | None = None,
 ) -> Call:
     """``GET .../jobs/{job}/logs``; returns an :class:`ExecResult` when the job has ended, else a partial one with
     ``exit_code`` -1."""
