@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +140,7 @@ class FakeNode:
         timeout: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[ExecEvent]:
         box = self._running(id)
         self.calls.append(("exec", id, {"command": command, "user": user, "timeout": timeout}))
@@ -166,9 +167,15 @@ class FakeNode:
         try:
             while open_streams:
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if stop is not None:
+                    if stop():
+                        return
+                    wait = 0.2 if wait is None else min(wait, 0.2)
                 try:
                     kind, data = q.get(timeout=wait)
                 except queue.Empty:
+                    if deadline is None or time.monotonic() < deadline:
+                        continue
                     timed_out = True
                     os.killpg(proc.pid, signal.SIGKILL)
                     break

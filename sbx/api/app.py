@@ -38,13 +38,15 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
 from sbx.api import errors, sandbox_io
@@ -80,10 +82,20 @@ def _stream(what: str) -> dict[str, Any]:
     return {"description": f"NDJSON: {what}", "content": {NDJSON: {"schema": {"type": "string"}}}}
 
 
-def _ndjson(lines: Iterator[dict[str, Any]]) -> StreamingResponse:
-    def encode() -> Iterator[str]:
-        for line in lines:
-            yield json.dumps(line, separators=(",", ":")) + "\n"
+def _ndjson(make: Callable[[Callable[[], bool]], Iterator[dict[str, Any]]], left: threading.Event | None = None
+            ) -> StreamingResponse:
+    """Stream the lines of ``make(gone)`` as NDJSON. ``gone()`` (``left.is_set``) turns True once the response has
+    ended (the client went away, or the server is shutting down): a follow loop or a running command polls it and
+    ends, so no worker thread stays blocked on a stream nobody reads."""
+    left = left or threading.Event()
+    lines = make(left.is_set)
+
+    async def encode() -> AsyncIterator[str]:
+        try:
+            async for line in iterate_in_threadpool(lines):
+                yield json.dumps(line, separators=(",", ":")) + "\n"
+        finally:
+            left.set()
 
     return StreamingResponse(encode(), media_type=NDJSON)
 
@@ -266,8 +278,10 @@ def create_app(
         ``"encoding": "base64"`` when asked: ``data`` is then base64 of the exact bytes), then ``{"exitCode": N,
         "timedOut": bool}`` (124 after ``timeout``). Waits for a provisioning or resuming sandbox to run; resumes a
         stopped ``autoResume`` one."""
-        lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd, body.encoding)
-        return _ndjson(lines)
+        left = threading.Event()
+        lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd, body.encoding,
+                        left.is_set)
+        return _ndjson(lambda _gone: lines, left)
 
     @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"], response_model=S.JobOut,
              responses=S.errors(400, 404, 409, 502))
@@ -298,7 +312,7 @@ def create_app(
             responses={**S.errors(404, 502), 200: _stream("the job's output, then its exit line once ended")})
     def job_logs(sandbox_id: str, job_id: str, follow: bool = False) -> StreamingResponse:
         """A job's output as exec-style NDJSON lines; with ``follow`` until the job ends."""
-        return _ndjson(cp.job_logs(sandbox_id, job_id, follow))
+        return _ndjson(lambda gone: cp.job_logs(sandbox_id, job_id, follow, stop=gone))
 
     @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/wait", tags=["exec"], response_model=S.JobOut,
             responses=S.errors(400, 404, 502))
@@ -317,7 +331,8 @@ def create_app(
         """Lifecycle events as NDJSON: ``{"event":"state","id","state"}``, ``{"event":"forking","id","source",
         "sandbox"}``, ``{"event":"ready","id","state":"ready","url","sandbox"}``, ``{"event":"error",...}``; each
         carries ``seq``."""
-        return _ndjson(cp.events(sandbox_id, after, follow or until == "settled", until == "settled"))
+        return _ndjson(lambda gone: cp.events(sandbox_id, after, follow or until == "settled", until == "settled",
+                                              stop=gone))
 
     sandbox_io.register(app, v1, cp, api_token)
     app.include_router(v1)

@@ -689,6 +689,7 @@ class ControlPlane:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         encoding: str = "utf-8",
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Run ``command`` in the sandbox (waiting for a provisioning/resuming one to be running, resuming a stopped
         ``autoResume`` one). Checks happen now (404, 409 ``not_running``/``busy``, 400 ``invalid_cwd`` when ``cwd``
@@ -696,16 +697,17 @@ class ControlPlane:
         "data": text}`` pieces and finally ``{"exitCode": N, "timedOut": bool}`` (or ``{"error": {"code",
         "message"}}`` if the node fails mid-way). ``encoding`` ``"utf-8"``: text, invalid bytes replaced;
         ``"base64"``: ``data`` is base64 of the exact bytes and the piece carries ``"encoding": "base64"``.
-        ``timeout`` in seconds (0 or None: none). The run counts as activity."""
+        ``timeout`` in seconds (0 or None: none). ``stop``: polled while the command runs; True (the client went
+        away) kills it. The run counts as activity."""
         if not command:
             raise ControlError("invalid_command", "command must not be empty", 400, field="command")
         self.wait_running(sandbox_id)
         cwd_path = self.files.check_dir(sandbox_id, cwd, user, field="cwd") if cwd is not None else None
-        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd_path, encoding)
+        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd_path, encoding, stop)
 
     def _exec(
         self, sandbox_id: str, command: str, timeout: float | None, user: str, env: dict[str, str] | None,
-        cwd: str | None, encoding: str = "utf-8",
+        cwd: str | None, encoding: str = "utf-8", stop: Callable[[], bool] | None = None,
     ) -> Iterator[dict[str, Any]]:
         decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
         raw = encoding == "base64"
@@ -713,7 +715,7 @@ class ControlPlane:
         # starts it, and then neither runs (an eager begin would leave the sandbox "active" for ever).
         self.activity.begin(sandbox_id)
         try:
-            for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd):
+            for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd, stop=stop):
                 self.activity.touch(sandbox_id)
                 if ev.kind == "exit":
                     for kind, dec in decoders.items():

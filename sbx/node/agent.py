@@ -348,6 +348,7 @@ class LocalNode:
         timeout: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[ExecEvent]:
         self._require_running(id)
         rec = self._record(id)
@@ -363,9 +364,10 @@ class LocalNode:
             env=_login_env(user, {**rec["spec"].get("env", {}), **(env or {})}),
             pid_file=pid_file,
         )
-        return self._stream(proc, pid_file, timeout)
+        return self._stream(proc, pid_file, timeout, stop)
 
-    def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None) -> Iterator[ExecEvent]:
+    def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None,
+                stop: Callable[[], bool] | None = None) -> Iterator[ExecEvent]:
         sel = selectors.DefaultSelector()
         assert proc.stdout is not None and proc.stderr is not None
         sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
@@ -386,6 +388,10 @@ class LocalNode:
                         deadline = None
                         continue
                     deadline, wait = time.monotonic() + 0.01, 0.01
+                if stop is not None:  # the caller went away: checked at least twice a second, then killed below
+                    if stop():
+                        return
+                    wait = 0.5 if wait is None else min(wait, 0.5)
                 for key, _ in sel.select(wait):
                     chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if not chunk:

@@ -12,7 +12,7 @@ from tests.fakes import Api, make_api, wait_until
 
 SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
-    "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "stats",
+    "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "labels", "stats",
 }
 STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
               "diskUniqueBytes"}
