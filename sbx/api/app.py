@@ -1,14 +1,16 @@
 """The sbx HTTP API (FastAPI). Build it with :func:`create_app`; OpenAPI is served at ``/openapi.json``.
 
 Every ``/v1`` call needs ``Authorization: Bearer <token>``. Errors are always
-``{"error": {"code": "...", "message": "..."}}`` (plus ``"state"`` when a sandbox's state explains a 409).
-Streams (exec, job logs, events) are NDJSON: one JSON object per line.
+``{"error": {"code": "...", "message": "...", "field"?, "state"?}}`` (see :mod:`sbx.api.errors`); request bodies and
+their limits are :mod:`sbx.api.models`, response bodies :mod:`sbx.api.schemas`. Streams (exec, job logs, events)
+are NDJSON: one JSON object per line; a stream whose client went away ends (an exec's command is killed).
 
 Endpoints::
 
     GET    /healthz                                    liveness, no auth
     POST   /v1/sandboxes                               create                 202 {"sandbox"}
-    GET    /v1/sandboxes                               list                   200 {"sandboxes": [...]}
+    HEAD   /healthz                                    liveness, no body
+    GET    /v1/sandboxes[?label=k=v]                   list (label filters)   200 {"sandboxes": [...]}
     GET    /v1/sandboxes/{id}                          info                   200 {"sandbox"}
     DELETE /v1/sandboxes/{id}                          delete                 202 {"sandbox"}
     POST   /v1/sandboxes/{id}/stop                     stop (keep memory)     202 {"sandbox"}
@@ -20,6 +22,7 @@ Endpoints::
     POST   /v1/sandboxes/{id}/jobs                     run detached           201 {"job"}
     GET    /v1/sandboxes/{id}/jobs                     jobs                   200 {"jobs": [...]}
     GET    /v1/sandboxes/{id}/jobs/{job}               one job                200 {"job"}
+    POST   /v1/sandboxes/{id}/jobs/{job}/kill          kill it (exit 137)     200 {"job"}
     GET    /v1/sandboxes/{id}/jobs/{job}/logs          output (?follow=true)  200 NDJSON
     GET    /v1/sandboxes/{id}/jobs/{job}/wait          wait for its end       200 {"job"}
     GET    /v1/sandboxes/{id}/events                   lifecycle events       200 NDJSON
@@ -28,9 +31,11 @@ Endpoints::
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
 
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
-error). Statuses: 400 invalid_type / invalid_resize / invalid_require_memory / invalid_snapshot_name /
-invalid_name / invalid_ttl, 401 unauthorized, 404 not_found, 409 busy / snapshots_disabled / snapshot_exists /
-invalid_state / not_running / memory_unavailable, 422 invalid_request, 502 for a failing node.
+error). Statuses: 400 invalid_<field> (a value outside its limits) / invalid_resize / invalid_require_memory /
+invalid_snapshot_name, 401 unauthorized, 403 permission_denied / protected_path, 404 not_found, 405
+method_not_allowed (with Allow), 409 busy / snapshots_disabled / snapshot_exists / invalid_state / not_running /
+memory_unavailable / cpu_mismatch, 413 body_too_large, 422 invalid_request (not JSON, wrong shape or type), 502 for
+a failing node, 507 no_space.
 """
 
 from __future__ import annotations
