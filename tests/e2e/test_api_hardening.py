@@ -74,7 +74,8 @@ def test_a_removal_that_would_fail_half_way_removes_nothing(http: httpx.Client, 
     assert error_of(r)[:2] == (403, "permission_denied")
     out, _ = run(http, sid, "find half | sort")
     assert out.split() == ["half", "half/a", "half/a/f", "half/locked", "half/locked/inner", "half/locked/inner/g"]
-    assert http.delete(f"/v1/sandboxes/{sid}/files", params={"path": "half", "user": "root"}).status_code == 200
+    r = http.delete(f"/v1/sandboxes/{sid}/files", params={"path": "/home/user/half", "user": "root"})
+    assert r.status_code == 200, r.text
     assert run(http, sid, "ls half 2>&1 || echo gone")[0].endswith("gone\n")
 
 

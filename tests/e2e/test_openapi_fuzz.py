@@ -75,6 +75,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(server: Any, 
         str(VENV_BIN / "st"), "--config-file", str(cfg), "run", server.url + "/openapi.json",
         "--checks", "all", "--max-examples", str(MAX_EXAMPLES),
         "--phases", "examples,coverage,fuzzing", "--workers", "2", "--request-timeout", "60",
+        "--max-response-time", "300",  # no timing assertion: a loaded 2-core machine may be slow
         "--header", f"Authorization: Bearer {server.token}", "--generation-database", "none",
         "--seed", "9", "--no-color", "--report", "junit", "--report-dir", str(report),
     ]
