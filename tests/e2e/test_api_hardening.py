@@ -143,9 +143,9 @@ def test_a_tiny_timeout_still_kills_the_command(http: httpx.Client, sid: str) ->
     for timeout in (0.001, 0.01):
         run(http, sid, "rm -f /tmp/finished")
         _, end = run(http, sid, "sleep 30; touch /tmp/finished", timeout=timeout)
-        assert end == {"exitCode": 124, "timedOut": True}
         # the exec answered before the command could finish, and nothing of it is left running
         assert run(http, sid, "ls /tmp/finished 2>/dev/null | wc -l")[0].strip() == "0"
+        assert end == {"exitCode": 124, "timedOut": True}
         poll(lambda: run(http, sid, "pgrep -fx 'sleep 30' | wc -l")[0].strip() == "0", "the killed sleep to go",
              timeout=20)
 
