@@ -91,6 +91,8 @@ class Settings:
     require_memory_wait: float = 120.0
     """Seconds a ``require_memory`` resume waits for a host matching the memory image's CPU, kernel and CRIU
     before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""
+    max_body_bytes: int = 1 << 20
+    """Largest JSON request body the API takes (413 ``body_too_large`` above it); file uploads are not capped."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -140,6 +142,7 @@ _ENV_FIELDS = {
     "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
     "SBX_AUTO_SNAPSHOT_KEEP": ("auto_snapshot_keep", int),
     "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
+    "SBX_MAX_BODY_BYTES": ("max_body_bytes", int),
 }
 
 

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +140,7 @@ class FakeNode:
         timeout: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[ExecEvent]:
         box = self._running(id)
         self.calls.append(("exec", id, {"command": command, "user": user, "timeout": timeout}))
@@ -166,9 +167,15 @@ class FakeNode:
         try:
             while open_streams:
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if stop is not None:
+                    if stop():
+                        return
+                    wait = 0.2 if wait is None else min(wait, 0.2)
                 try:
                     kind, data = q.get(timeout=wait)
                 except queue.Empty:
+                    if deadline is None or time.monotonic() < deadline:
+                        continue
                     timed_out = True
                     os.killpg(proc.pid, signal.SIGKILL)
                     break
@@ -183,20 +190,39 @@ class FakeNode:
                 proc.wait()
         yield ExecEvent(kind="exit", exit_code=124 if timed_out else code, timed_out=timed_out)
 
-    def exec_detached(self, id: str, command: str, *, user: str = "user") -> JobInfo:
+    def exec_detached(self, id: str, command: str, *, user: str = "user", env: dict[str, str] | None = None,
+                      cwd: str | None = None, timeout: float | None = None, stdin: str | None = None) -> JobInfo:
         box = self._running(id)
+        self.calls.append(("exec_detached", id, {"command": command, "env": env, "cwd": cwd, "timeout": timeout,
+                                                 "stdin": stdin}))
         job_id = "job_" + secrets.token_hex(4)
         jobs_dir = box.dir / ".jobs"
         jobs_dir.mkdir(exist_ok=True)
         out, err = jobs_dir / f"{job_id}.out", jobs_dir / f"{job_id}.err"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(box.dir), **box.spec.env}
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(box.dir), **box.spec.env,
+                    **(env or {})}
+        argv = ["timeout", "-k", "5", str(timeout), "bash", "-c", command] if timeout else ["bash", "-c", command]
         with out.open("wb") as o, err.open("wb") as e:
-            proc = subprocess.Popen(["bash", "-c", command], cwd=box.dir, env=env, stdout=o, stderr=e,
+            proc = subprocess.Popen(argv, cwd=box.dir, env=full_env, stdout=o, stderr=e, stdin=subprocess.PIPE,
                                     start_new_session=True)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write((stdin or "").encode())
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         info = JobInfo(id=job_id, command=command, running=True, exit_code=None, started_at=started)
         box.jobs[job_id] = _Job(info=info, proc=proc, out=out, err=err)
         return info
+
+    def kill_job(self, id: str, job: str) -> None:
+        box = self._running(id)
+        if job not in box.jobs:
+            raise NodeError("not_found", f"no job {job}")
+        if box.jobs[job].proc.poll() is None:
+            os.killpg(box.jobs[job].proc.pid, signal.SIGKILL)
+            box.jobs[job].proc.wait()
 
     def jobs(self, id: str) -> list[JobInfo]:
         box = self._box(id)
@@ -204,7 +230,7 @@ class FakeNode:
         for job in box.jobs.values():
             code = job.proc.poll()
             job.info.running = code is None
-            job.info.exit_code = code
+            job.info.exit_code = code if code is None or code >= 0 else 128 - code
             result.append(JobInfo(**vars(job.info)))
         return result
 

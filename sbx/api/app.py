@@ -1,14 +1,16 @@
 """The sbx HTTP API (FastAPI). Build it with :func:`create_app`; OpenAPI is served at ``/openapi.json``.
 
 Every ``/v1`` call needs ``Authorization: Bearer <token>``. Errors are always
-``{"error": {"code": "...", "message": "..."}}`` (plus ``"state"`` when a sandbox's state explains a 409).
-Streams (exec, job logs, events) are NDJSON: one JSON object per line.
+``{"error": {"code": "...", "message": "...", "field"?, "state"?}}`` (see :mod:`sbx.api.errors`); request bodies and
+their limits are :mod:`sbx.api.models`, response bodies :mod:`sbx.api.schemas`. Streams (exec, job logs, events)
+are NDJSON: one JSON object per line; a stream whose client went away ends (an exec's command is killed).
 
 Endpoints::
 
     GET    /healthz                                    liveness, no auth
     POST   /v1/sandboxes                               create                 202 {"sandbox"}
-    GET    /v1/sandboxes                               list                   200 {"sandboxes": [...]}
+    HEAD   /healthz                                    liveness, no body
+    GET    /v1/sandboxes[?label=k=v]                   list (label filters)   200 {"sandboxes": [...]}
     GET    /v1/sandboxes/{id}                          info                   200 {"sandbox"}
     DELETE /v1/sandboxes/{id}                          delete                 202 {"sandbox"}
     POST   /v1/sandboxes/{id}/stop                     stop (keep memory)     202 {"sandbox"}
@@ -20,6 +22,7 @@ Endpoints::
     POST   /v1/sandboxes/{id}/jobs                     run detached           201 {"job"}
     GET    /v1/sandboxes/{id}/jobs                     jobs                   200 {"jobs": [...]}
     GET    /v1/sandboxes/{id}/jobs/{job}               one job                200 {"job"}
+    POST   /v1/sandboxes/{id}/jobs/{job}/kill          kill it (exit 137)     200 {"job"}
     GET    /v1/sandboxes/{id}/jobs/{job}/logs          output (?follow=true)  200 NDJSON
     GET    /v1/sandboxes/{id}/jobs/{job}/wait          wait for its end       200 {"job"}
     GET    /v1/sandboxes/{id}/events                   lifecycle events       200 NDJSON
@@ -28,9 +31,11 @@ Endpoints::
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
 
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
-error). Statuses: 400 invalid_type / invalid_resize / invalid_require_memory / invalid_snapshot_name /
-invalid_name / invalid_ttl, 401 unauthorized, 404 not_found, 409 busy / snapshots_disabled / snapshot_exists /
-invalid_state / not_running / memory_unavailable, 422 invalid_request, 502 for a failing node.
+error). Statuses: 400 invalid_<field> (a value outside its limits) / invalid_resize / invalid_require_memory /
+invalid_snapshot_name, 401 unauthorized, 403 permission_denied / protected_path, 404 not_found, 405
+method_not_allowed (with Allow), 409 busy / snapshots_disabled / snapshot_exists / invalid_state / not_running /
+memory_unavailable / cpu_mismatch, 413 body_too_large, 422 invalid_request (not JSON, wrong shape or type), 502 for
+a failing node, 507 no_space.
 """
 
 from __future__ import annotations
@@ -38,18 +43,19 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import sandbox_io
+from sbx.api import errors, sandbox_io
+from sbx.api import schemas as S
 from sbx.api.auth import ensure_token
 from sbx.api.models import (
     CreateSandbox,
@@ -61,31 +67,40 @@ from sbx.api.models import (
     StopSandbox,
 )
 from sbx.config import Settings
-from sbx.control.errors import ControlError, from_node
+from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
 from sbx.control.store import SandboxRow
-from sbx.node.types import NodeAgent, NodeError
+from sbx.node.types import NodeAgent
 
 log = logging.getLogger("sbx.api")
 
 NDJSON = "application/x-ndjson"
 WAIT_TIMEOUT = 900.0
+_DONE: dict[int | str, dict[str, Any]] = {200: {"model": S.SandboxOut, "description": "with wait=true: the sandbox "
+                                                "once the operation has finished"}}
 
 
-def _error(status: int, code: str, message: str, state: str | None = None, headers: dict[str, str] | None = None
-           ) -> JSONResponse:
-    body: dict[str, Any] = {"code": code, "message": message}
-    if state is not None:
-        body["state"] = state
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+def _stream(what: str) -> dict[str, Any]:
+    """An OpenAPI response entry for an NDJSON stream (one JSON object per line)."""
+    return {"description": f"NDJSON: {what}", "content": {NDJSON: {"schema": {"type": "string"}}}}
 
 
-def _ndjson(lines: Iterator[dict[str, Any]]) -> StreamingResponse:
-    def encode() -> Iterator[str]:
-        for line in lines:
-            yield json.dumps(line, separators=(",", ":")) + "\n"
+def _ndjson(make: Callable[[Callable[[], bool]], Iterator[dict[str, Any]]], left: threading.Event | None = None
+            ) -> StreamingResponse:
+    """Stream the lines of ``make(gone)`` as NDJSON. ``gone()`` (``left.is_set``) turns True once the response has
+    ended (the client went away, or the server is shutting down): a follow loop or a running command polls it and
+    ends, so no worker thread stays blocked on a stream nobody reads."""
+    left = left or threading.Event()
+    lines = make(left.is_set)
+
+    async def encode() -> AsyncIterator[str]:
+        try:
+            async for line in iterate_in_threadpool(lines):
+                yield json.dumps(line, separators=(",", ":")) + "\n"
+        finally:
+            left.set()
 
     return StreamingResponse(encode(), media_type=NDJSON)
 
@@ -141,41 +156,8 @@ def create_app(
     app.state.control = cp
     app.state.reaper = reaper
 
-    @app.exception_handler(ControlError)
-    async def _control_error(_req: Request, exc: ControlError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return _error(exc.status, exc.code, exc.message, exc.state, headers)
-
-    @app.exception_handler(NodeError)
-    async def _node_error(_req: Request, exc: NodeError) -> JSONResponse:
-        mapped = from_node(exc.code, exc.message)
-        return _error(mapped.status, mapped.code, mapped.message)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors():
-            loc = tuple(err.get("loc", ()))
-            if err.get("type") == "json_invalid":  # loc is ("body", <byte offset>)
-                at = f" at byte {loc[-1]}" if len(loc) > 1 else ""
-                parts.append(f"the body is not valid JSON{at}: {err.get('ctx', {}).get('error', err.get('msg'))}")
-                continue
-            if loc == ("body",) and err.get("type") in ("model_attributes_type", "dict_type"):
-                parts.append("the body must be a JSON object, sent with Content-Type: application/json")
-                continue
-            where = ".".join(str(p) for p in loc if p != "body")
-            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-        return _error(422, "invalid_request", "; ".join(parts) or "malformed request")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
 
     bearer = HTTPBearer(auto_error=False, description="The server's API token (sbx server writes it to "
                         "~/.config/sbx/config.toml)")
@@ -186,10 +168,12 @@ def create_app(
         ):
             raise ControlError("unauthorized", "missing or wrong API token", 401)
 
-    @app.get("/healthz", tags=["meta"])
+    @app.get("/healthz", tags=["meta"], response_model=S.Health)
     def healthz() -> dict[str, Any]:
-        """Liveness check; needs no token."""
+        """Liveness check; needs no token (``HEAD`` works too)."""
         return {"ok": True, "version": sbx_version}
+
+    app.head("/healthz", include_in_schema=False)(healthz)
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth)])
 
@@ -202,32 +186,44 @@ def create_app(
         return JSONResponse({"sandbox": cp.view(row)}, status_code=202)
 
     WaitQ = Query(False, alias="wait", description="answer when the operation has finished")
-    TimeoutQ = Query(WAIT_TIMEOUT, alias="timeout", ge=0, description="longest wait in seconds with wait=true")
+    TimeoutQ = Query(WAIT_TIMEOUT, alias="timeout", ge=0, le=86400, description="longest wait in seconds with "
+                     "wait=true")
 
-    @v1.post("/sandboxes", status_code=202, tags=["sandboxes"])
+    @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 502, 507), **_DONE})
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Create a sandbox; answers 202 in state ``provisioning`` (or 200 once running with ``?wait=true``)."""
         row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
-                        body.auto_resume)
+                        body.auto_resume, body.labels)
         return accepted(row, wait_, timeout)
 
-    @v1.get("/sandboxes", tags=["sandboxes"])
-    def list_sandboxes() -> dict[str, Any]:
-        """Every sandbox that is not deleted, oldest first, with fresh stats for running ones."""
-        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes()]}
+    @v1.get("/sandboxes", tags=["sandboxes"], response_model=S.SandboxList, responses=S.errors(400))
+    def list_sandboxes(label: list[str] = Query([], description="only sandboxes with this label, as key=value "
+                                                "(repeat for several: all must match)")) -> dict[str, Any]:
+        """Every sandbox that is not deleted, oldest first (``?label=team=ml`` filters on labels)."""
+        wanted: dict[str, str] = {}
+        for item in label:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ControlError("invalid_label", f"label filters are key=value, got {item[:80]!r}", 400,
+                                   field="label")
+            wanted[key] = value
+        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes(wanted)]}
 
-    @v1.get("/sandboxes/{sandbox_id}", tags=["sandboxes"])
+    @v1.get("/sandboxes/{sandbox_id}", tags=["sandboxes"], response_model=S.SandboxOut, responses=S.errors(404))
     def get_sandbox(sandbox_id: str) -> dict[str, Any]:
         """One sandbox; ``stats`` is sampled now when it runs."""
         return {"sandbox": cp.view(cp.get(sandbox_id))}
 
-    @v1.delete("/sandboxes/{sandbox_id}", status_code=202, tags=["sandboxes"])
+    @v1.delete("/sandboxes/{sandbox_id}", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
+               responses={**S.errors(400, 404, 409, 502), **_DONE})
     def delete_sandbox(sandbox_id: str, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Delete a sandbox with its disk and automatic snapshots (named snapshots stay)."""
         row = cp.delete(sandbox_id)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/stop", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/stop", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 409, 502), **_DONE})
     def stop_sandbox(
         sandbox_id: str, body: StopSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -236,7 +232,8 @@ def create_app(
         row = cp.stop(sandbox_id, keep_memory=(body or StopSandbox.model_validate({})).keep_memory)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 409, 502, 507), **_DONE})
     def resume_sandbox(
         sandbox_id: str, body: ResumeSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -246,7 +243,8 @@ def create_app(
         row = cp.resume(sandbox_id, b.type, b.require_memory, b.ttl)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
+             responses={**S.errors(400, 404, 409, 502, 507), **_DONE})
     def fork_sandbox(
         sandbox_id: str, body: ForkSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -255,70 +253,91 @@ def create_app(
         row = cp.fork(sandbox_id, b.type, b.ttl, b.name, b.env)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/snapshot", status_code=201, tags=["snapshots"])
+    @v1.post("/sandboxes/{sandbox_id}/snapshot", status_code=201, tags=["snapshots"], response_model=S.SnapshotOut,
+             responses=S.errors(400, 404, 409, 502, 507))
     def snapshot_sandbox(sandbox_id: str, body: SnapshotSandbox) -> dict[str, Any]:
         """Save a named, read-only copy of the sandbox's disk (usable with ``fromSnapshot``)."""
         return {"snapshot": cp.snapshot_views([cp.snapshot(sandbox_id, body.name)])[0]}
 
-    @v1.get("/sandboxes/{sandbox_id}/snapshots", tags=["snapshots"])
+    @v1.get("/sandboxes/{sandbox_id}/snapshots", tags=["snapshots"], response_model=S.SnapshotList,
+            responses=S.errors(404))
     def sandbox_snapshots(sandbox_id: str) -> dict[str, Any]:
         """Snapshots made from this sandbox, oldest first."""
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox_id))}
 
-    @v1.get("/snapshots", tags=["snapshots"])
+    @v1.get("/snapshots", tags=["snapshots"], response_model=S.SnapshotList, responses=S.errors(404))
     def list_snapshots(sandbox: str | None = Query(None, description="only this sandbox's")) -> dict[str, Any]:
         """All snapshots, oldest first."""
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox))}
 
-    @v1.delete("/snapshots/{name}", tags=["snapshots"])
+    @v1.delete("/snapshots/{name}", tags=["snapshots"], response_model=S.Deleted, responses=S.errors(404, 409, 502))
     def delete_snapshot(name: str) -> dict[str, Any]:
         """Delete a snapshot."""
         cp.delete_snapshot(name)
         return {"deleted": name}
 
-    @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse)
+    @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse,
+             responses={**S.errors(400, 404, 409, 502), 200: _stream("exec output, then the exit line")})
     def exec_command(sandbox_id: str, body: ExecCommand) -> StreamingResponse:
-        """Run a command and stream NDJSON lines ``{"stream": "stdout"|"stderr", "data": text}``, then
-        ``{"exit_code": N, "timed_out": bool}``. Waits for a provisioning or resuming sandbox to run."""
-        lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd)
-        return _ndjson(lines)
+        """Run a command and stream NDJSON lines ``{"stream": "stdout"|"stderr", "data": text}`` (with
+        ``"encoding": "base64"`` when asked: ``data`` is then base64 of the exact bytes), then ``{"exitCode": N,
+        "timedOut": bool}`` (124 after ``timeout``). Waits for a provisioning or resuming sandbox to run; resumes a
+        stopped ``autoResume`` one."""
+        left = threading.Event()
+        lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd, body.encoding,
+                        left.is_set)
+        return _ndjson(lambda _gone: lines, left)
 
-    @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"])
+    @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"], response_model=S.JobOut,
+             responses=S.errors(400, 404, 409, 502))
     def start_job(sandbox_id: str, body: StartJob) -> dict[str, Any]:
-        """Start a detached job; it keeps running after this call returns."""
-        return {"job": job_view(cp.exec_detached(sandbox_id, body.command, body.user))}
+        """Start a detached job; it keeps running after this call returns (and across stop/resume with memory)."""
+        return {"job": job_view(cp.exec_detached(sandbox_id, body.command, body.user, body.env, body.cwd,
+                                                 body.timeout, body.stdin))}
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs", tags=["exec"])
+    @v1.get("/sandboxes/{sandbox_id}/jobs", tags=["exec"], response_model=S.JobList, responses=S.errors(404, 502))
     def list_jobs(sandbox_id: str) -> dict[str, Any]:
         """The sandbox's detached jobs, oldest first."""
         return {"jobs": [job_view(j) for j in cp.jobs(sandbox_id)]}
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}", tags=["exec"])
+    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}", tags=["exec"], response_model=S.JobOut,
+            responses=S.errors(404, 502))
     def get_job(sandbox_id: str, job_id: str) -> dict[str, Any]:
         """One detached job."""
         return {"job": job_view(cp.job(sandbox_id, job_id))}
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/logs", tags=["exec"], response_class=StreamingResponse)
+    @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/kill", tags=["exec"], response_model=S.JobOut,
+             responses=S.errors(404, 409, 502))
+    def kill_job(sandbox_id: str, job_id: str) -> dict[str, Any]:
+        """Kill a running job (SIGKILL to all its processes; it ends with exit 137). An ended job is answered as
+        is."""
+        return {"job": job_view(cp.kill_job(sandbox_id, job_id))}
+
+    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/logs", tags=["exec"], response_class=StreamingResponse,
+            responses={**S.errors(404, 502), 200: _stream("the job's output, then its exit line once ended")})
     def job_logs(sandbox_id: str, job_id: str, follow: bool = False) -> StreamingResponse:
         """A job's output as exec-style NDJSON lines; with ``follow`` until the job ends."""
-        return _ndjson(cp.job_logs(sandbox_id, job_id, follow))
+        return _ndjson(lambda gone: cp.job_logs(sandbox_id, job_id, follow, stop=gone))
 
-    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/wait", tags=["exec"])
-    def job_wait(sandbox_id: str, job_id: str, timeout: float = Query(300.0, ge=0)) -> dict[str, Any]:
+    @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}/wait", tags=["exec"], response_model=S.JobOut,
+            responses=S.errors(400, 404, 502))
+    def job_wait(sandbox_id: str, job_id: str, timeout: float = Query(300.0, ge=0, le=86400)) -> dict[str, Any]:
         """Wait (at most ``timeout`` seconds) for a job to end; answers the job (``running`` may still be true)."""
         return {"job": job_view(cp.job_wait(sandbox_id, job_id, timeout))}
 
-    @v1.get("/sandboxes/{sandbox_id}/events", tags=["sandboxes"], response_class=StreamingResponse)
+    @v1.get("/sandboxes/{sandbox_id}/events", tags=["sandboxes"], response_class=StreamingResponse,
+            responses={**S.errors(400, 404), 200: _stream("lifecycle events")})
     def sandbox_events(
         sandbox_id: str,
-        after: int = Query(0, ge=0, description="only events with seq greater than this"),
+        after: int = Query(0, ge=0, le=2 ** 62, description="only events with seq greater than this"),
         follow: bool = Query(False, description="keep the stream open for new events"),
         until: str | None = Query(None, pattern="^settled$", description="'settled': end once it is stable"),
     ) -> StreamingResponse:
         """Lifecycle events as NDJSON: ``{"event":"state","id","state"}``, ``{"event":"forking","id","source",
         "sandbox"}``, ``{"event":"ready","id","state":"ready","url","sandbox"}``, ``{"event":"error",...}``; each
         carries ``seq``."""
-        return _ndjson(cp.events(sandbox_id, after, follow or until == "settled", until == "settled"))
+        return _ndjson(lambda gone: cp.events(sandbox_id, after, follow or until == "settled", until == "settled",
+                                              stop=gone))
 
     sandbox_io.register(app, v1, cp, api_token)
     app.include_router(v1)

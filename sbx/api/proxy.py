@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
@@ -214,15 +215,18 @@ class Proxy:
             await writer.drain()
             return
         except NodeError as e:
-            writer.write(_error(502, e.code, e.message))
+            log.warning("proxy: no address for %s: %s", sandbox.id, e.message)
+            writer.write(_error(502, e.code, f"sandbox {sandbox.id} cannot be reached"))
             await writer.drain()
             return
         try:
             up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, route.port),
                                                           CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as e:
+            # never the sandbox's internal address: callers of a public route are not the sandbox's owner
+            why = "timed out" if isinstance(e, TimeoutError) else (os.strerror(e.errno) if e.errno else "failed")
             writer.write(_error(502, "upstream_unreachable",
-                                f"nothing answers on port {route.port} of sandbox {sandbox.id}: {e}"))
+                                f"nothing answers on port {route.port} of sandbox {sandbox.id} ({why.lower()})"))
             await writer.drain()
             return
 

@@ -38,14 +38,15 @@ import subprocess
 import termios
 import tty
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, FastAPI, Query, Request, WebSocket
+from fastapi import APIRouter, FastAPI, Path, Query, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect
 
+from sbx.api import schemas as S
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
@@ -55,6 +56,31 @@ log = logging.getLogger("sbx.api")
 
 UPLOAD_BATCH = 1 << 20
 """Bytes of request body gathered before one write into the sandbox."""
+TAR_BLOCK = 512
+_FILE_ERRORS = (400, 403, 404, 409, 502, 507)
+_BYTES: dict[str, Any] = {"description": "the file's bytes (or a tar stream with archive=tar)", "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}
+_UPLOAD: dict[str, Any] = {"requestBody": {"required": False, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+User = Literal["user", "root"]
+
+
+def looks_like_tar(head: bytes) -> bool:
+    """Whether ``head`` (the first 512 bytes of a body, or all of a shorter one) starts a tar archive: a header
+    block whose checksum (bytes 148-155, octal) matches its bytes, or an all-zero end-of-archive block."""
+    block = head[:TAR_BLOCK]
+    if len(block) < TAR_BLOCK:
+        return False
+    if block == bytes(TAR_BLOCK):
+        return True
+    field = block[148:156].replace(b"\0", b" ").strip()
+    try:
+        want = int(field, 8)
+    except ValueError:
+        return False
+    rest = block[:148] + b" " * 8 + block[156:]
+    return want in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
 
 
 def register(app: FastAPI, v1: APIRouter, cp: ControlPlane, api_token: str) -> None:
@@ -65,7 +91,8 @@ def register(app: FastAPI, v1: APIRouter, cp: ControlPlane, api_token: str) -> N
 
 
 def _routes(v1: APIRouter, cp: ControlPlane) -> None:
-    @v1.post("/sandboxes/{sandbox_id}/routes", status_code=201, tags=["ports"])
+    @v1.post("/sandboxes/{sandbox_id}/routes", status_code=201, tags=["ports"], response_model=S.RouteOut,
+             responses=S.errors(400, 404))
     def host_port(sandbox_id: str, body: HostPort) -> dict[str, Any]:
         """Publish a port of the sandbox at ``https://<port>-<subdomain>.<domain>``; a private route needs its
         ``token`` (``X-Sbx-Token`` header, or ``?token=`` once, which sets a cookie). Hosting again keeps the
@@ -73,43 +100,60 @@ def _routes(v1: APIRouter, cp: ControlPlane) -> None:
         row = cp.routes.host(sandbox_id, body.port, body.public)
         return {"route": cp.routes.view(row, cp.get(sandbox_id).subdomain)}
 
-    @v1.get("/sandboxes/{sandbox_id}/routes", tags=["ports"])
+    @v1.get("/sandboxes/{sandbox_id}/routes", tags=["ports"], response_model=S.RouteList, responses=S.errors(404))
     def list_routes(sandbox_id: str) -> dict[str, Any]:
         """The sandbox's hosted ports, by port."""
         sub = cp.get(sandbox_id).subdomain
         return {"routes": [cp.routes.view(r, sub) for r in cp.routes.list(sandbox_id)]}
 
-    @v1.delete("/sandboxes/{sandbox_id}/routes/{port}", tags=["ports"])
-    def unhost_port(sandbox_id: str, port: int) -> dict[str, Any]:
+    @v1.delete("/sandboxes/{sandbox_id}/routes/{port}", tags=["ports"], response_model=S.Deleted,
+               responses=S.errors(400, 404))
+    def unhost_port(sandbox_id: str, port: int = Path(ge=1, le=65535)) -> dict[str, Any]:
         """Stop publishing a port."""
         cp.routes.unhost(sandbox_id, port)
         return {"deleted": port}
 
 
 def _files(v1: APIRouter, cp: ControlPlane) -> None:
-    PathQ = Query(..., description="path in the sandbox (absolute, or relative to the user's home; ~ allowed)")
     ArchiveQ = Query(None, pattern="^tar$", description="'tar': a directory as a tar stream")
     UserQ = Query("user", description="'user' (default) or 'root'")
+    PathQ = Query(..., min_length=1, max_length=4096,
+                  description="path in the sandbox (absolute, or relative to the user's home; ~ allowed)")
 
-    @v1.get("/sandboxes/{sandbox_id}/files", tags=["files"], response_class=StreamingResponse)
-    def read_file(sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ, user: str = UserQ
+    @v1.get("/sandboxes/{sandbox_id}/files", tags=["files"], response_class=StreamingResponse,
+            responses={**S.errors(*_FILE_ERRORS), 200: _BYTES})
+    def read_file(sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ, user: User = UserQ
                   ) -> StreamingResponse:
         """A file's bytes, streamed (or a directory as a tar stream with ``archive=tar``)."""
         if archive:
             return StreamingResponse(cp.files.open_tar(sandbox_id, path, user), media_type="application/x-tar")
         return StreamingResponse(cp.files.open_read(sandbox_id, path, user), media_type="application/octet-stream")
 
-    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=None)
+    @v1.put("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=S.Written,
+            responses=S.errors(*_FILE_ERRORS), openapi_extra=_UPLOAD)
     async def write_file(request: Request, sandbox_id: str, path: str = PathQ, archive: str | None = ArchiveQ,
-                         user: str = UserQ) -> dict[str, Any] | Response:
+                         user: User = UserQ) -> dict[str, Any] | Response:
         """Write the request body to a file (parents made, owned by ``user``), or extract a tar body into a
         directory with ``archive=tar``. The body is streamed into the sandbox."""
         opener = cp.files.open_untar if archive else cp.files.open_write
+        body = request.stream()
+        head = b""
+        if archive:  # refuse a body that is not a tar archive before anything is made in the sandbox
+            try:
+                async for chunk in body:
+                    head += chunk
+                    if len(head) >= TAR_BLOCK:
+                        break
+            except ClientDisconnect:
+                return Response(status_code=499)
+            if not looks_like_tar(head):
+                raise ControlError("invalid_archive", "the body is not a tar archive (archive=tar takes an "
+                                   "uncompressed POSIX/GNU tar stream)", 400)
         writer = await run_in_threadpool(opener, sandbox_id, path, user)
         try:
-            batch: list[bytes] = []
-            size = 0
-            async for chunk in request.stream():
+            batch: list[bytes] = [head] if head else []
+            size = len(head)
+            async for chunk in body:
                 batch.append(chunk)
                 size += len(chunk)
                 if size >= UPLOAD_BATCH:
@@ -127,19 +171,22 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
         written = await run_in_threadpool(writer.finish)
         return {"path": path, "size": written}
 
-    @v1.delete("/sandboxes/{sandbox_id}/files", tags=["files"])
-    def remove_file(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+    @v1.delete("/sandboxes/{sandbox_id}/files", tags=["files"], response_model=S.Deleted,
+               responses=S.errors(*_FILE_ERRORS))
+    def remove_file(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """Remove a file or a directory with everything in it."""
         cp.files.remove(sandbox_id, path, user)
         return {"deleted": path}
 
-    @v1.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
-    def list_files(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+    @v1.get("/sandboxes/{sandbox_id}/files/list", tags=["files"], response_model=S.FileList,
+            responses=S.errors(*_FILE_ERRORS))
+    def list_files(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """A directory's entries: ``{"name","path","type","size","mode","mtime"}``, sorted by name."""
         return {"entries": cp.files.list(sandbox_id, path, user)}
 
-    @v1.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
-    def stat_file(sandbox_id: str, path: str = PathQ, user: str = UserQ) -> dict[str, Any]:
+    @v1.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"], response_model=S.FileEntryOut,
+            responses=S.errors(*_FILE_ERRORS))
+    def stat_file(sandbox_id: str, path: str = PathQ, user: User = UserQ) -> dict[str, Any]:
         """One entry for ``path`` (a symlink is followed when it resolves)."""
         return {"entry": cp.files.stat(sandbox_id, path, user)}
 

@@ -90,14 +90,14 @@ def spinner(message: str, enabled: bool = True) -> Iterator[None]:
         yield
 
 
-def parse_env(pairs: list[str] | None) -> dict[str, str] | None:
-    """``["K=V", ...]`` to a dict; a pair without ``=`` is a usage error (exit 2)."""
+def parse_env(pairs: list[str] | None, option: str = "--env") -> dict[str, str] | None:
+    """``["K=V", ...]`` to a dict; a pair without ``=`` is a usage error (exit 2) naming ``option``."""
     if not pairs:
         return None
     env: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env")
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
         env[key] = value
     return env

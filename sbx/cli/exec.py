@@ -21,11 +21,24 @@ def _write(stream: TextIO) -> Callable[[str], None]:
     return write
 
 
+def _write_bytes(stream: TextIO) -> Callable[[bytes], None]:
+    """A callback writing raw bytes to ``stream``'s binary buffer (exec output is carried exactly)."""
+    buf = stream.buffer
+
+    def write(data: bytes) -> None:
+        buf.write(data)
+        buf.flush()
+
+    return write
+
+
 @handle_errors
 def exec_(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
     command: list[str] = typer.Argument(..., help="The command (one quoted string, run with bash)."),
-    timeout: float = typer.Option(30.0, "--timeout", min=0, help="Seconds before it is killed (0 = none)."),
+    timeout: float | None = typer.Option(None, "--timeout", min=0, max=7 * 86400,
+                                  help="Seconds before it is killed, exit 124 (default 30; with --detach none; "
+                                  "0 = none)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Run as a background job and print its id."),
     user: str = typer.Option("user", "--user", "-u", help="Run as this user (e.g. root)."),
     env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE for this command (repeatable)."),
@@ -37,6 +50,8 @@ def exec_(
     --timeout). Waits for a sandbox that is still starting or resuming. With --tty it runs in a pseudo-terminal
     (stdout and stderr merged), for interactive programs."""
     cmd = " ".join(command)
+    if timeout is None and not detach:
+        timeout = 30.0
     if tty:
         from sbx.cli.ssh import run_pty
 
@@ -47,7 +62,7 @@ def exec_(
         raise typer.Exit(run_pty(sandbox_id, prefix + cmd, user))
     with client() as c:
         if detach:
-            job = c.run(P.exec_detached(sandbox_id, cmd, user))
+            job = c.run(P.exec_detached(sandbox_id, cmd, user, parse_env(env), cwd, timeout or None))
             print_json({"job": job}) if json_ else out.print(job["id"], markup=False)
             return
         if json_:
@@ -56,9 +71,9 @@ def exec_(
                         "timedOut": res.timed_out})
         else:
             res = c.run(P.exec_(sandbox_id, cmd, timeout or None, user, parse_env(env), cwd,
-                                _write(sys.stdout), _write(sys.stderr)))
+                                _write_bytes(sys.stdout), _write_bytes(sys.stderr), binary=True))
     if res.timed_out:
-        err.print(f"sbx: command timed out after {timeout:g} s (exit 124); use --timeout or --detach",
+        err.print(f"sbx: command timed out after {timeout or 0:g} s (exit 124); use --timeout or --detach",
                   markup=False)
     raise typer.Exit(res.exit_code)
 
@@ -74,6 +89,18 @@ def jobs(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     print_table(("JOB", "STATUS", "STARTED", "COMMAND"),
                 ((j["id"], "running" if j["running"] else f"exit {j['exitCode']}", j["startedAt"], j["command"])
                  for j in items))
+
+
+@handle_errors
+def kill(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id."),
+    job_id: str = typer.Argument(..., help="Job id (from exec --detach)."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Kill a detached job (all its processes); it then reports exit 137."""
+    with client() as c:
+        job = c.run(P.kill_job(sandbox_id, job_id))
+    print_json({"job": job}) if json_ else out.print(f"{job_id} exit {job['exitCode']}", markup=False)
 
 
 @handle_errors

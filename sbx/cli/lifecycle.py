@@ -28,13 +28,18 @@ def new(
     env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE for every command (repeatable)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Return once it runs (default) or once accepted."),
     auto_resume: bool = typer.Option(
-        False, "--auto-resume", help="A request on a hosted port resumes it when it is stopped."
+        False, "--auto-resume", help="An exec, a file copy, a shell or a request on a hosted port resumes it when "
+        "it is stopped."
     ),
+    label: list[str] = typer.Option(None, "--label", "-l", help="KEY=VALUE metadata, for `sbx list --label` "
+                                    "(repeatable)."),
     json_: bool = JSON_OPT,
 ) -> None:
     """Create a sandbox and print its id."""
+    labels = parse_env(label, "--label")
     with client() as c, spinner(f"creating {type} sandbox", not json_):
-        sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume))
+        sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume,
+                            labels))
     if json_:
         print_json({"sandbox": sb})
     else:
@@ -42,10 +47,15 @@ def new(
 
 
 @handle_errors
-def list_(json_: bool = JSON_OPT) -> None:
+def list_(
+    label: list[str] = typer.Option(None, "--label", "-l", help="Only sandboxes with this KEY=VALUE label "
+                                    "(repeatable: all must match)."),
+    json_: bool = JSON_OPT,
+) -> None:
     """List sandboxes."""
+    labels = parse_env(label, "--label")
     with client() as c:
-        boxes = c.list()
+        boxes = c.list(labels)
     if json_:
         print_json({"sandboxes": boxes})
         return

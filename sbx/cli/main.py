@@ -5,6 +5,7 @@ Verbs::
     sbx new --type small --name N [--from SNAP] [--ttl S] [--no-snapshots] [--auto-resume] [--env K=V] [--json]
     sbx list | info ID | stop ID [--wait] | resume ID [--type T] [--require-memory] [--ttl S] [--wait] | delete ID
     sbx exec ID "CMD" [--timeout 30] [--detach] [--tty] [--user root] | jobs ID | logs ID JOB [-f] | wait ID JOB
+    sbx kill ID JOB
     sbx ssh ID [-- CMD] | cp LOCAL ID:PATH | cp ID:PATH LOCAL
     sbx host ID [PORT [--public]] | unhost ID PORT
     sbx fork ID [--type T] [--ttl S] [--name N] [--wait] [--json]
@@ -38,6 +39,7 @@ app.command("exec", rich_help_panel="Commands")(exec.exec_)
 app.command("jobs", rich_help_panel="Commands")(exec.jobs)
 app.command("logs", rich_help_panel="Commands")(exec.logs)
 app.command("wait", rich_help_panel="Commands")(exec.wait)
+app.command("kill", rich_help_panel="Commands")(exec.kill)
 app.command("ssh", rich_help_panel="Commands")(ssh.ssh)
 app.command("cp", rich_help_panel="Commands")(files.cp)
 

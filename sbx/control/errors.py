@@ -1,6 +1,7 @@
 """Errors the control plane raises, each with a stable ``code`` and the HTTP status the API answers with.
 
-The API layer turns a :class:`ControlError` into ``{"error": {"code": ..., "message": ...}}`` with ``status``.
+The API layer turns a :class:`ControlError` into ``{"error": {"code": ..., "message": ..., "field"?, "state"?}}``
+with ``status``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ class ControlError(Exception):
     - ``message``: one human sentence.
     - ``status``: the HTTP status for it (400, 404, 409, 502, ...).
     - ``state``: the sandbox's current state when relevant (``busy``, ``not_running``), else None.
+    - ``field``: the request field at fault (``cwd``, ``ttl``, ``path``...), else None.
     """
 
-    def __init__(self, code: str, message: str, status: int = 400, state: str | None = None):
+    def __init__(self, code: str, message: str, status: int = 400, state: str | None = None,
+                 field: str | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.state = state
+        self.field = field
 
 
 def not_found(what: str) -> ControlError:

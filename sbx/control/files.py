@@ -40,7 +40,11 @@ _ERRORS = {
     42: ("not_a_directory", 400, "{path} is not a directory"),
     43: ("permission_denied", 403, "{path}: permission denied"),
     44: ("not_found", 404, "{path} not found"),
+    45: ("protected_path", 403, "{path}: refusing to remove /, a home directory or a mount point (or a folder "
+         "holding one)"),
 }
+NAME_MAX_BYTES = 255
+"""Longest file name (one path component), in bytes, as ext4 allows."""
 
 # "$1" is the path. `~` expansion happens in :func:`_norm`, never in a shell.
 _READ = r'''p="$1"
@@ -53,15 +57,20 @@ exec cat -- "$p"'''
 # written through, as `cat >` would); :data:`_COMMIT` renames it over the target once the whole body has arrived,
 # so an upload cut short leaves the old file as it was. An existing file in a folder the user can't write to is
 # written in place (the temp name is then empty).
+_MKPARENT = r'''
+if [ ! -d "$d" ]; then
+  a="$d"; while [ ! -e "$a" ] && [ ! -L "$a" ]; do a=$(dirname -- "$a"); done
+  [ -d "$a" ] || exit 42
+  [ -w "$a" ] && [ -x "$a" ] || exit 43
+  mkdir -p -- "$d" 2>/dev/null || exit 43
+fi'''
+
+# Every check runs before anything is made: an error answer means nothing changed.
 _WRITE = r'''p="$1"
 if [ -L "$p" ]; then p=$(readlink -f -- "$p") || exit 44; fi
 d=$(dirname -- "$p")
-if [ ! -d "$d" ]; then
-  [ -e "$d" ] && exit 42
-  mkdir -p -- "$d" 2>/dev/null || exit 43
-fi
 [ -d "$p" ] && exit 41
-[ -e "$p" ] && { [ -w "$p" ] || exit 43; }
+[ -e "$p" ] && { [ -w "$p" ] || exit 43; }''' + _MKPARENT + r'''
 if [ ! -w "$d" ]; then
   [ -e "$p" ] || exit 43
   printf '\0%s\0' "$p"
@@ -86,18 +95,20 @@ exit 43'''
 
 _DISCARD = r'''rm -f -- "$1"'''
 
+_ISDIR = r'''p="$1"
+[ -e "$p" ] || exit 44
+[ -d "$p" ] || exit 42
+[ -x "$p" ] || exit 43'''
+
 _TAR_OUT = r'''p="$1"
 [ -e "$p" ] || exit 44
 [ -d "$p" ] || exit 42
 [ -r "$p" ] && [ -x "$p" ] || exit 43
 exec tar -C "$p" -cf - .'''
 
-_TAR_IN = r'''p="$1"
-if [ ! -d "$p" ]; then
-  [ -e "$p" ] && exit 42
-  mkdir -p -- "$p" 2>/dev/null || exit 43
-fi
-[ -w "$p" ] || exit 43
+_TAR_IN = r'''p="$1"; d="$p"
+[ -e "$p" ] && [ ! -d "$p" ] && exit 42
+[ -d "$p" ] && { [ -w "$p" ] && [ -x "$p" ] || exit 43; }''' + _MKPARENT + r'''
 exec tar -C "$p" -xf - --no-same-owner'''
 
 # One record per entry: "type size mode mtime" NUL name NUL (names may hold any byte but NUL and '/').
@@ -112,8 +123,28 @@ _STAT = r'''p="$1"
 [ -e "$p" ] || [ -L "$p" ] || exit 44
 exec find -H "$p" -maxdepth 0 -printf "$2"'''
 
+# Refused before anything is removed: /, /home, a home directory, a mount point or a folder holding one (45), and
+# anything rm could only remove in part (43): the parent must be writable (and, if sticky, ours), every folder
+# inside readable, writable and searchable. The path is resolved (a symlink itself is removed, not its target).
 _REMOVE = r'''p="$1"
 [ -e "$p" ] || [ -L "$p" ] || exit 44
+pd=$(readlink -f -- "$(dirname -- "$p")") || exit 44
+if [ -L "$p" ]; then r="${pd%/}/$(basename -- "$p")"
+else r=$(readlink -f -- "$p") || exit 44; pd=$(dirname -- "$r"); fi
+case "$r" in /|/home|/home/user|/root) exit 45;; esac
+if [ ! -L "$p" ]; then
+  awk -v r="$r" '{ m = $5; gsub(/\\040/, " ", m); if (m == r || index(m, r "/") == 1) { f = 1; exit } }
+                 END { exit !f }' /proc/self/mountinfo && exit 45
+fi
+[ -w "$pd" ] && [ -x "$pd" ] || exit 43
+u=$(id -u)
+if [ "$u" != 0 ] && [ -k "$pd" ] && [ "$(stat -c %u -- "$pd")" != "$u" ] && [ "$(stat -c %u -- "$r")" != "$u" ]; then
+  exit 43
+fi
+if [ -d "$p" ] && [ ! -L "$p" ]; then
+  bad=$(find "$p" -type d \( ! -readable -o ! -writable -o ! -executable \) -print -quit 2>&1) || exit 43
+  [ -z "$bad" ] || exit 43
+fi
 rm -rf -- "$p" 2>/dev/null
 [ -e "$p" ] || [ -L "$p" ] || exit 0
 exit 43'''
@@ -121,16 +152,31 @@ exit 43'''
 _TYPES = {"f": "file", "d": "directory", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
 
 
-def _norm(path: str, user: str) -> str:
-    """Check ``path`` and expand a leading ``~``; raise 400 ``invalid_path`` for an empty path or a NUL byte."""
-    if not path or "\0" in path or len(path) > 4096:
-        raise ControlError("invalid_path", "path must be 1-4096 characters without NUL bytes", 400)
-    home = "/root" if user == "root" else "/home/user"
+def home_of(user: str) -> str:
+    """The home directory of sandbox user ``user`` (``/root`` for root, else ``/home/user``)."""
+    return "/root" if user == "root" else "/home/user"
+
+
+def norm_path(path: str, user: str, field: str = "path") -> str:
+    """``path`` with a leading ``~`` made ``user``'s home (a relative path stays relative: the programs run in
+    the home directory, and a test's fake node runs them in a scratch folder). Raises 400
+    ``invalid_<field>`` for an empty path, a NUL byte, more than 4096 bytes or a name (component) over
+    :data:`NAME_MAX_BYTES` bytes, before anything runs in the sandbox."""
+    raw = path.encode("utf-8", "surrogateescape") if path else b""
+    if not path or "\0" in path or len(raw) > 4096:
+        raise ControlError(f"invalid_{field}", f"{field} must be 1-4096 bytes without NUL bytes", 400, field=field)
+    if any(len(part) > NAME_MAX_BYTES for part in raw.split(b"/")):
+        raise ControlError(f"invalid_{field}", f"{field} has a name over {NAME_MAX_BYTES} bytes", 400, field=field)
+    home = home_of(user)
     if path == "~":
         return home
     if path.startswith("~/"):
         return home + path[1:]
     return path
+
+
+def _norm(path: str, user: str) -> str:
+    return norm_path(path, user)
 
 
 def _parse_entries(raw: bytes, parent: str | None) -> list[dict[str, Any]]:
@@ -187,6 +233,7 @@ class FileWriter:
         self.target = target
         self.written = 0
         self._broken = False
+        self.archive = False
 
     def write(self, chunk: bytes) -> None:
         """Pass ``chunk`` to the sandbox. After the program in the sandbox has failed, chunks are dropped (so the
@@ -208,7 +255,7 @@ class FileWriter:
         except BrokenPipeError:
             pass
         try:
-            self._files._check(self.proc, self.path)
+            self._files._check(self.proc, self.path, archive=self.archive)
             if self.temp:
                 self._files._run(self.sandbox_id, _COMMIT, [_arg(self.temp), _arg(self.target)], self.user,
                                  self.path)
@@ -272,18 +319,22 @@ class Files:
                     pass
 
     @staticmethod
-    def _raise(code: int, path: str, stderr: bytes) -> None:
+    def _raise(code: int, path: str, stderr: bytes, archive: bool = False) -> None:
         if code in _ERRORS:
             name, status, msg = _ERRORS[code]
-            raise ControlError(name, msg.format(path=path), status)
+            raise ControlError(name, msg.format(path=path), status, field="path")
         text = stderr.decode("utf-8", "replace").strip()[-500:]
         if "Permission denied" in text:
             raise ControlError("permission_denied", f"{path}: permission denied", 403)
         if "No space left" in text:
             raise ControlError("no_space", f"{path}: no space left on the sandbox's disk", 507)
+        if "File name too long" in text:
+            raise ControlError("invalid_path", f"{path}: a name is too long", 400, field="path")
+        if archive:  # tar refused the body itself (not a tar, cut short, a bad member)
+            raise ControlError("invalid_archive", f"the body is not a complete tar archive: {text[-200:]}", 400)
         raise ControlError("file_error", f"{path}: {text or f'failed with exit status {code}'}", 502)
 
-    def _check(self, proc: subprocess.Popen[bytes], path: str) -> None:
+    def _check(self, proc: subprocess.Popen[bytes], path: str, archive: bool = False) -> None:
         assert proc.stderr is not None
         stderr = proc.stderr.read()
         code = proc.wait()
@@ -291,7 +342,7 @@ class Files:
         if proc.stdout is not None:
             proc.stdout.close()
         if code != 0:
-            self._raise(code, path, stderr)
+            self._raise(code, path, stderr, archive)
 
     def _run(self, sandbox_id: str, script: str, args: list[str], user: str, path: str) -> bytes:
         proc = self._spawn(sandbox_id, script, args, user)
@@ -359,7 +410,9 @@ class Files:
     def open_untar(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
         """Start extracting a tar stream into directory ``path`` (made if missing; members owned by ``user``)."""
         p = _norm(path, user)
-        return FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, _TAR_IN, [p], user, stdin=True))
+        writer = FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, _TAR_IN, [p], user, stdin=True))
+        writer.archive = True
+        return writer
 
     def list(self, sandbox_id: str, path: str, user: str = "user") -> list[dict[str, Any]]:
         """Entries of directory ``path``, sorted by name: ``{"name","path","type","size","mode","mtime"}`` (type
@@ -380,7 +433,23 @@ class Files:
         entry["name"] = p.rstrip("/").rsplit("/", 1)[-1] or "/"
         return entry
 
+    def check_dir(self, sandbox_id: str, path: str, user: str = "user", field: str = "cwd") -> str:
+        """``path`` made absolute (as for files) once it is known to be a directory ``user`` can enter in the
+        sandbox; else 400 ``invalid_<field>`` naming ``field``. Used for an exec's or a job's ``cwd``."""
+        p = norm_path(path, user, field)
+        try:
+            self._run(sandbox_id, _ISDIR, [p], user, path)
+        except ControlError as e:
+            if e.status >= 500 or e.code in ("not_running", "busy"):
+                raise
+            why = {"not_found": "does not exist", "not_a_directory": "is not a directory",
+                   "permission_denied": f"cannot be entered by {user}"}.get(e.code, e.message)
+            raise ControlError(f"invalid_{field}", f"{field} {path!r} {why}", 400, field=field) from None
+        return p if p.startswith("/") else home_of(user) + "/" + p
+
     def remove(self, sandbox_id: str, path: str, user: str = "user") -> None:
-        """Remove ``path`` (a directory with everything in it). Raises 404 when it does not exist."""
+        """Remove ``path`` (a directory with everything in it). Raises 404 when it does not exist, 403
+        ``protected_path`` for ``/``, ``/home``, a home directory, a mount point or a folder holding one, 403
+        ``permission_denied`` when anything in it could not be removed; either way before removing anything."""
         p = _norm(path, user)
         self._run(sandbox_id, _REMOVE, [p], user, path)

@@ -17,6 +17,7 @@ Errors are :class:`sbx.control.errors.ControlError`.
 
 from __future__ import annotations
 
+import base64
 import codecs
 import logging
 import re
@@ -201,7 +202,8 @@ class ControlPlane:
 
     def view(self, row: SandboxRow, stats: bool = True, space: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
-        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats.
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, labels,
+        stats.
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -223,6 +225,7 @@ class ControlPlane:
             "ttl": row.ttl,
             "autoResume": bool(row.auto_resume),
             "noSnapshots": bool(row.no_snapshots),
+            "labels": dict(row.labels or {}),
             "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 
@@ -323,9 +326,13 @@ class ControlPlane:
         """The sandbox row; 404 ``not_found`` if unknown or deleted."""
         return self.lifecycle.get(sandbox_id)
 
-    def list_sandboxes(self) -> list[SandboxRow]:
-        """Every sandbox that is not deleted, oldest first."""
-        return self.store.list_sandboxes()
+    def list_sandboxes(self, labels: dict[str, str] | None = None) -> list[SandboxRow]:
+        """Every sandbox that is not deleted, oldest first; with ``labels``, only those carrying every one of
+        them (same key, same value)."""
+        rows = self.store.list_sandboxes()
+        if labels:
+            rows = [r for r in rows if all((r.labels or {}).get(k) == v for k, v in labels.items())]
+        return rows
 
     def create(
         self,
@@ -336,12 +343,14 @@ class ControlPlane:
         no_snapshots: bool = False,
         env: dict[str, str] | None = None,
         auto_resume: bool = False,
+        labels: dict[str, str] | None = None,
     ) -> SandboxRow:
         """Create a sandbox of size ``type`` (a disk from the base image, or a copy of snapshot
         ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
 
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
-        ``auto_resume``: a request on one of its hosted ports resumes it when it is stopped.
+        ``auto_resume``: an exec, a file call, a shell or a request on one of its hosted ports resumes it when it
+        is stopped. ``labels``: string metadata, filtered on by :meth:`list_sandboxes`.
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
@@ -350,6 +359,7 @@ class ControlPlane:
         row = self._add_new_row(
             "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
             no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
+            labels=dict(labels or {}),
         )
         sandbox_id = row.id
         spec = self._spec(row, size)
@@ -542,7 +552,7 @@ class ControlPlane:
             row = self._add_new_row(
                 "forking", size, f"{source.name} (fork)" if name is None else name,
                 self.settings.fork_default_ttl if ttl is None else ttl, dict(source.env if env is None else env),
-                no_snapshots=False, source_id=source_id,
+                no_snapshots=False, source_id=source_id, labels=dict(source.labels or {}),
             )
             fork_id = row.id
         except BaseException:
@@ -585,7 +595,13 @@ class ControlPlane:
     def wait_running(self, sandbox_id: str) -> SandboxRow:
         """Wait (up to :data:`START_WAIT` seconds, or the lifecycle's own wait if longer) for a provisioning or
         resuming sandbox to run; return its row. Raises 404, 409 ``not_running`` (stopped, error...) or 409
-        ``busy`` (still starting). What exec, jobs, files and shells call before they touch the node."""
+        ``busy`` (still starting). What exec, jobs, files and shells call before they touch the node.
+
+        A sandbox created with ``autoResume`` that is stopped (or stopping) is resumed first (issue 9, as the proxy
+        does for hosted ports: :meth:`sbx.control.routes.Routes.ensure_running`)."""
+        row = self.get(sandbox_id)
+        if row.auto_resume and row.state != "running":
+            return self.routes.ensure_running(sandbox_id)
         return self.lifecycle.wait_for(sandbox_id, {"running"}, max(START_WAIT, self.lifecycle.wait))
 
     def wait_settled(self, sandbox_id: str, timeout: float = 600.0) -> SandboxRow:
@@ -672,34 +688,46 @@ class ControlPlane:
         user: str = "user",
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        encoding: str = "utf-8",
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Run ``command`` in the sandbox (waiting for a provisioning/resuming one to be running). Checks happen
-        now (404, 409 ``not_running``/``busy``); the returned iterator then yields ``{"stream": "stdout"|"stderr",
-        "data": text}`` pieces (UTF-8, invalid bytes replaced) and finally ``{"exit_code": N, "timed_out": bool}``
-        (or ``{"error": {"code","message"}}`` if the node fails mid-way). The run counts as activity."""
+        """Run ``command`` in the sandbox (waiting for a provisioning/resuming one to be running, resuming a stopped
+        ``autoResume`` one). Checks happen now (404, 409 ``not_running``/``busy``, 400 ``invalid_cwd`` when ``cwd``
+        is not a directory in the sandbox); the returned iterator then yields ``{"stream": "stdout"|"stderr",
+        "data": text}`` pieces and finally ``{"exitCode": N, "timedOut": bool}`` (or ``{"error": {"code",
+        "message"}}`` if the node fails mid-way). ``encoding`` ``"utf-8"``: text, invalid bytes replaced;
+        ``"base64"``: ``data`` is base64 of the exact bytes and the piece carries ``"encoding": "base64"``.
+        ``timeout`` in seconds (0 or None: none). ``stop``: polled while the command runs; True (the client went
+        away) kills it. The run counts as activity."""
         if not command:
-            raise ControlError("invalid_request", "command must not be empty", 422)
+            raise ControlError("invalid_command", "command must not be empty", 400, field="command")
         self.wait_running(sandbox_id)
-        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd)
+        cwd_path = self.files.check_dir(sandbox_id, cwd, user, field="cwd") if cwd is not None else None
+        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd_path, encoding, stop)
 
     def _exec(
         self, sandbox_id: str, command: str, timeout: float | None, user: str, env: dict[str, str] | None,
-        cwd: str | None,
+        cwd: str | None, encoding: str = "utf-8", stop: Callable[[], bool] | None = None,
     ) -> Iterator[dict[str, Any]]:
         decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
+        raw = encoding == "base64"
         # begin/end both run inside this generator: a response the client dropped before its first chunk never
         # starts it, and then neither runs (an eager begin would leave the sandbox "active" for ever).
         self.activity.begin(sandbox_id)
         try:
-            for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd):
+            for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd, stop=stop):
                 self.activity.touch(sandbox_id)
                 if ev.kind == "exit":
                     for kind, dec in decoders.items():
-                        tail = dec.decode(b"", final=True)
+                        tail = "" if raw else dec.decode(b"", final=True)
                         if tail:
                             yield {"stream": kind, "data": tail}
-                    yield {"exit_code": ev.exit_code, "timed_out": ev.timed_out}
+                    yield {"exitCode": ev.exit_code, "timedOut": ev.timed_out}
                     return
+                if raw:
+                    if ev.data:
+                        yield {"stream": ev.kind, "data": base64.b64encode(ev.data).decode(), "encoding": "base64"}
+                    continue
                 text = decoders[ev.kind].decode(ev.data)
                 if text:
                     yield {"stream": ev.kind, "data": text}
@@ -709,16 +737,36 @@ class ControlPlane:
         finally:
             self.activity.end(sandbox_id)
 
-    def exec_detached(self, sandbox_id: str, command: str, user: str = "user") -> JobInfo:
-        """Start ``command`` as a detached job; returns its :class:`JobInfo`. Raises 404, 409 ``not_running``."""
+    def exec_detached(
+        self, sandbox_id: str, command: str, user: str = "user", env: dict[str, str] | None = None,
+        cwd: str | None = None, timeout: float | None = None, stdin: str | None = None,
+    ) -> JobInfo:
+        """Start ``command`` as a detached job; returns its :class:`JobInfo`. ``env`` adds variables, ``cwd`` is
+        its working directory (checked as for :meth:`exec`), ``timeout`` seconds after which it is killed (None or
+        0: never; a job killed so ends with exit 124, as an exec does), ``stdin`` text fed to it. Raises 404, 409
+        ``not_running``, 400 ``invalid_cwd``."""
         if not command:
-            raise ControlError("invalid_request", "command must not be empty", 422)
+            raise ControlError("invalid_command", "command must not be empty", 400, field="command")
         self.wait_running(sandbox_id)
+        cwd_path = self.files.check_dir(sandbox_id, cwd, user, field="cwd") if cwd is not None else None
         self.activity.touch(sandbox_id)
         try:
-            return self.node.exec_detached(sandbox_id, command, user=user)
+            return self.node.exec_detached(sandbox_id, command, user=user, env=env, cwd=cwd_path,
+                                           timeout=timeout or None, stdin=stdin)
         except NodeError as e:
             raise from_node(e.code, e.message) from None
+
+    def kill_job(self, sandbox_id: str, job_id: str) -> JobInfo:
+        """Kill a detached job (SIGKILL to its whole process tree); answers the job as it is afterwards. A job
+        that has already ended is answered as is. Raises 404 for an unknown sandbox or job."""
+        job = self.job(sandbox_id, job_id)
+        if not job.running:
+            return job
+        try:
+            self.node.kill_job(sandbox_id, job_id)
+        except NodeError as e:
+            raise from_node(e.code, e.message) from None
+        return self.job_wait(sandbox_id, job_id, timeout=10.0, poll=0.1)
 
     def jobs(self, sandbox_id: str) -> list[JobInfo]:
         """The sandbox's detached jobs, oldest first (empty when it is not running)."""
@@ -741,7 +789,7 @@ class ControlPlane:
         self, sandbox_id: str, job_id: str, follow: bool = False, poll: float = 0.25,
         stop: Callable[[], bool] = lambda: False,
     ) -> Iterator[dict[str, Any]]:
-        """A job's output as exec-style lines (``{"stream","data"}``), then ``{"exit_code": N, "timed_out":
+        """A job's output as exec-style lines (``{"stream","data"}``), then ``{"exitCode": N, "timedOut":
         false}`` once it has ended. With ``follow``, keeps streaming until the job ends (this counts as activity).
         Raises 404 for an unknown sandbox or job."""
         self.job(sandbox_id, job_id)
@@ -771,7 +819,7 @@ class ControlPlane:
                     if text:
                         yield {"stream": kind, "data": text}
                 if not job.running:
-                    yield {"exit_code": job.exit_code, "timed_out": False}
+                    yield {"exitCode": job.exit_code, "timedOut": False}
                     return
                 if not follow or stop():
                     return

@@ -58,7 +58,7 @@ class Base(DeclarativeBase):
 class SandboxRow(Base):
     """One sandbox. ``state`` is one of :data:`sbx.control.state.STATES`; ``ttl`` is seconds of inactivity before
     an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image; ``auto_resume``: a request
-    on one of its hosted ports resumes it when stopped."""
+    on one of its hosted ports resumes it when stopped; ``labels`` string metadata for list filters."""
 
     __tablename__ = "sandboxes"
 
@@ -69,6 +69,7 @@ class SandboxRow(Base):
     subdomain: Mapped[str] = mapped_column(String(80), unique=True)
     ttl: Mapped[int] = mapped_column(Integer, default=0)
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     no_snapshots: Mapped[bool] = mapped_column(Boolean, default=False)
     memory_restored: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     resume_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)

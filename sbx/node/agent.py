@@ -348,6 +348,7 @@ class LocalNode:
         timeout: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[ExecEvent]:
         self._require_running(id)
         rec = self._record(id)
@@ -363,24 +364,34 @@ class LocalNode:
             env=_login_env(user, {**rec["spec"].get("env", {}), **(env or {})}),
             pid_file=pid_file,
         )
-        return self._stream(proc, pid_file, timeout)
+        return self._stream(proc, pid_file, timeout, stop)
 
-    def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None) -> Iterator[ExecEvent]:
+    def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None,
+                stop: Callable[[], bool] | None = None) -> Iterator[ExecEvent]:
         sel = selectors.DefaultSelector()
         assert proc.stdout is not None and proc.stderr is not None
         sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
         sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # a timeout is bounded (select() overflows past ~24 days); a kill that finds no pid file yet (runc has not
+        # written it) is tried again every 10 ms until it lands or the command has ended
+        deadline = None if timeout is None else time.monotonic() + min(max(timeout, 0.0), 1e6)
         timed_out = False
         try:
             open_streams = 2
             while open_streams:
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if deadline is not None and wait == 0.0 and not timed_out:
-                    timed_out = True
-                    kill_process_group(pid_file)
-                    deadline = None
-                    continue
+                if deadline is not None and wait == 0.0:
+                    if kill_process_group(pid_file):
+                        timed_out, deadline = True, None
+                        continue
+                    if proc.poll() is not None:  # it ended by itself before the kill could land
+                        deadline = None
+                        continue
+                    deadline, wait = time.monotonic() + 0.01, 0.01
+                if stop is not None:  # the caller went away: checked at least twice a second, then killed below
+                    if stop():
+                        return
+                    wait = 0.5 if wait is None else min(wait, 0.5)
                 for key, _ in sel.select(wait):
                     chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if not chunk:
@@ -412,27 +423,47 @@ class LocalNode:
         except RuntimeError_ as e:
             raise NodeError("exec_failed", e.detail) from e
 
-    def exec_detached(self, id: str, command: str, *, user: str = "user") -> JobInfo:
+    def exec_detached(self, id: str, command: str, *, user: str = "user", env: dict[str, str] | None = None,
+                      cwd: str | None = None, timeout: float | None = None, stdin: str | None = None) -> JobInfo:
         """Start ``command`` as a transient systemd unit (``systemd-run``) inside the sandbox. A process that
         ``runc exec`` starts is reparented outside the container's process tree when runc exits, so CRIU would not
         dump it (measured); a unit of the sandbox's own systemd is a child of PID 1 and survives stop/resume with
-        memory. Output goes to ``/var/lib/sbx-jobs/<job>/{stdout,stderr}``, the exit code to ``exit``."""
+        memory. Output goes to ``/var/lib/sbx-jobs/<job>/{stdout,stderr}``, the exit code to ``exit``. ``env`` is
+        added to the sandbox's, ``cwd`` (absolute) replaces the home directory, ``timeout`` seconds runs it under
+        coreutils ``timeout`` (exit 124 when it fires), ``stdin`` is saved beside it and fed to it."""
         self._require_running(id)
         job = "job_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
         rec = self._record(id)
         uid = "0" if user == "root" else str(USER_UID)
-        home = "/root" if user == "root" else "/home/user"
-        env_args = [f"--setenv={e}" for e in _login_env(user, rec["spec"].get("env", {}))]
+        home = cwd or ("/root" if user == "root" else "/home/user")
+        env_args = [f"--setenv={e}" for e in _login_env(user, {**rec["spec"].get("env", {}), **(env or {})})]
+        limit = f"timeout -k 5 {min(float(timeout), 1e7):.3f} " if timeout else ""
         script = (
             'set -e; d="$1"; shift; mkdir -p "$d"; chmod 0755 "$(dirname "$d")"; printf "%s" "$CMD" > "$d/cmd"; '
+            'printf "%s" "$STDIN" > "$d/stdin"; '
             'date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started"; chown -R "$UIDN:$UIDN" "$d"; '
             'systemd-run --quiet --collect --unit="sbx-$JOB" --uid="$UIDN" --gid="$UIDN" '
             '--working-directory="$HOMED" "$@" /bin/bash -c '
-            '\'bash -lc "$(cat "$0/cmd")" >"$0/stdout" 2>"$0/stderr"; echo $? > "$0/exit"\' "$d"'
+            f'\'{limit}bash -lc "$(cat "$0/cmd")" <"$0/stdin" >"$0/stdout" 2>"$0/stderr"; echo $? > "$0/exit"\' "$d"'
         )
-        full = f"CMD={shlex.quote(command)} JOB={job} UIDN={uid} HOMED={home}; " + script
+        full = (f"CMD={shlex.quote(command)} STDIN={shlex.quote(stdin or '')} JOB={job} UIDN={uid} "
+                f"HOMED={shlex.quote(home)}; " + script)
         self._root(id, full, f"{JOBS_DIR}/{job}", *env_args)
         return JobInfo(id=job, command=command, running=True, exit_code=None, started_at=_now())
+
+    def kill_job(self, id: str, job: str) -> None:
+        """SIGKILL every process of job ``job`` (its systemd unit's cgroup) and record exit 137 for it unless it
+        had already ended. Raises ``not_found`` for an unknown job."""
+        if not _JOB_RE.match(job):
+            raise NodeError("not_found", f"no job {job!r}")
+        self._require_running(id)
+        script = (f'd={JOBS_DIR}/{job}; [ -d "$d" ] || exit 3; '
+                  f'systemctl kill --signal=SIGKILL sbx-{job} 2>/dev/null || true; '
+                  f'[ -e "$d/exit" ] || echo 137 > "$d/exit"')
+        try:
+            self.runtime.run(id, ["/bin/bash", "-c", script])
+        except RuntimeError_ as e:
+            raise NodeError("not_found", f"no job {job!r} in {id}") from e
 
     def jobs(self, id: str) -> list[JobInfo]:
         self._require_running(id)

@@ -11,7 +11,7 @@ else is a bug.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -129,13 +129,23 @@ class NodeAgent(Protocol):
         timeout: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[ExecEvent]:
         """Run ``command`` with ``bash -lc`` in the sandbox; yield output as it comes, then one ``exit`` event.
-        On ``timeout`` (seconds) the whole process group is killed and the exit event has code 124."""
+        On ``timeout`` (seconds) the whole process group is killed and the exit event has code 124. ``stop`` is
+        polled at least twice a second: once it returns True (the caller went away) the command is killed and the
+        iterator ends without an exit event."""
         ...
 
-    def exec_detached(self, id: str, command: str, *, user: str = "user") -> JobInfo:
-        """Start ``command`` as a job that outlives the caller (and a stop/resume with memory)."""
+    def exec_detached(self, id: str, command: str, *, user: str = "user", env: dict[str, str] | None = None,
+                      cwd: str | None = None, timeout: float | None = None, stdin: str | None = None) -> JobInfo:
+        """Start ``command`` as a job that outlives the caller (and a stop/resume with memory): extra ``env``,
+        absolute ``cwd`` (default the user's home), ``timeout`` seconds (then killed, exit 124), ``stdin`` text."""
+        ...
+
+    def kill_job(self, id: str, job: str) -> None:
+        """SIGKILL every process of a job; it then reports exit 137 (unless it had ended). ``not_found`` if
+        unknown."""
         ...
 
     def jobs(self, id: str) -> list[JobInfo]:

@@ -12,6 +12,7 @@ they arrive (or return them whole in ``Response.body`` when there is no ``on_chu
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -56,12 +57,15 @@ class Response:
 @dataclass
 class ExecResult:
     """The outcome of :meth:`Sandbox.exec`: all ``stdout`` and ``stderr`` text, the command's ``exit_code``
-    (124 after a timeout, 137 when it was SIGKILLed, e.g. for memory), and ``timed_out``."""
+    (124 after a timeout, 137 when it was SIGKILLed, e.g. for memory), and ``timed_out``. With ``binary=True``
+    ``stdout_bytes`` / ``stderr_bytes`` hold the exact bytes (and ``stdout``/``stderr`` their UTF-8 reading)."""
 
     stdout: str
     stderr: str
     exit_code: int
     timed_out: bool = False
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
 
 
 def error_from(status: int, raw: bytes) -> SbxError:
@@ -117,10 +121,12 @@ def create(
     env: dict[str, str] | None = None,
     wait: bool = True,
     auto_resume: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> Call:
-    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: a request on one
-    of its hosted ports resumes it when stopped."""
-    body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env})
+    """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: an exec, a file
+    call, a shell or a request on one of its hosted ports resumes it when stopped. ``labels``: string metadata."""
+    body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env,
+                   "labels": labels})
     if no_snapshots:
         body["noSnapshots"] = True
     if auto_resume:
@@ -135,9 +141,10 @@ def get(sandbox_id: str) -> Call:
     return _sandbox(resp)
 
 
-def list_sandboxes() -> Call:
-    """``GET /v1/sandboxes``; returns a list of sandbox dicts."""
-    resp = yield Request("GET", "/v1/sandboxes")
+def list_sandboxes(labels: dict[str, str] | None = None) -> Call:
+    """``GET /v1/sandboxes``; returns a list of sandbox dicts (only those carrying every label in ``labels``)."""
+    params = {"label": [f"{k}={v}" for k, v in labels.items()]} if labels else {}
+    resp = yield Request("GET", "/v1/sandboxes", None, params)
     return list(resp.body["sandboxes"])
 
 
@@ -222,28 +229,36 @@ def delete_snapshot(name: str) -> Call:
 
 # exec and jobs -----------------------------------------------------------------------------------------------
 class ExecCollector:
-    """Accumulates exec-style NDJSON lines into an :class:`ExecResult`, passing text to optional callbacks as it
-    comes. An ``{"error": ...}`` line raises :class:`SbxError`."""
+    """Accumulates exec-style NDJSON lines into an :class:`ExecResult`, passing output to optional callbacks as it
+    comes (text; bytes when ``binary``, from base64 frames). An ``{"error": ...}`` line raises :class:`SbxError`.
+    Reads the exit line as ``exitCode``/``timedOut`` (and the older ``exit_code``/``timed_out``)."""
 
-    def __init__(
-        self, on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None
-    ):
-        self.out: list[str] = []
-        self.err: list[str] = []
+    def __init__(self, on_stdout: Callable[[Any], object] | None = None,
+                 on_stderr: Callable[[Any], object] | None = None, binary: bool = False):
+        self.out: list[Any] = []
+        self.err: list[Any] = []
         self.exit_code: int | None = None
         self.timed_out = False
         self.on_stdout = on_stdout
         self.on_stderr = on_stderr
+        self.binary = binary
 
     def __call__(self, obj: dict[str, Any]) -> bool | None:
         if "error" in obj:
             err = obj["error"]
             raise SbxError(str(err.get("code", "exec_failed")), str(err.get("message", "")), 200)
-        if "exit_code" in obj:
-            self.exit_code = int(obj["exit_code"])
-            self.timed_out = bool(obj.get("timed_out", False))
-            return True
-        data = str(obj.get("data", ""))
+        for code_key, timed_key in (("exitCode", "timedOut"), ("exit_code", "timed_out")):
+            if code_key in obj:
+                self.exit_code = int(obj[code_key])
+                self.timed_out = bool(obj.get(timed_key, False))
+                return True
+        data: Any = obj.get("data", "")
+        if obj.get("encoding") == "base64":
+            data = base64.b64decode(data)
+            if not self.binary:
+                data = data.decode("utf-8", "replace")
+        elif self.binary:
+            data = str(data).encode()
         if obj.get("stream") == "stderr":
             self.err.append(data)
             if self.on_stderr:
@@ -257,17 +272,24 @@ class ExecCollector:
     def result(self) -> ExecResult:
         if self.exit_code is None:
             raise SbxError("exec_failed", "the output ended without an exit status")
+        if self.binary:
+            out, err = b"".join(self.out), b"".join(self.err)
+            return ExecResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), self.exit_code,
+                              self.timed_out, out, err)
         return ExecResult("".join(self.out), "".join(self.err), self.exit_code, self.timed_out)
 
 
 def exec_(
     sandbox_id: str, command: str, timeout: float | None = 30.0, user: str = "user",
     env: dict[str, str] | None = None, cwd: str | None = None,
-    on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None,
+    on_stdout: Callable[[Any], object] | None = None, on_stderr: Callable[[Any], object] | None = None,
+    binary: bool = False,
 ) -> Call:
-    """``POST /v1/sandboxes/{id}/exec``; returns an :class:`ExecResult` (a non-zero exit does not raise)."""
-    collector = ExecCollector(on_stdout, on_stderr)
-    body = _clean({"command": command, "user": user, "env": env, "cwd": cwd})
+    """``POST /v1/sandboxes/{id}/exec``; returns an :class:`ExecResult` (a non-zero exit does not raise). With
+    ``binary`` the output travels as base64 frames and arrives exactly (callbacks get ``bytes``)."""
+    collector = ExecCollector(on_stdout, on_stderr, binary)
+    body = _clean({"command": command, "user": user, "env": env, "cwd": cwd,
+                   "encoding": "base64" if binary else None})
     body["timeout"] = timeout
     read_timeout = None if not timeout else timeout + 300.0
     yield Request("POST", f"/v1/sandboxes/{sandbox_id}/exec", body, stream=True, on_line=collector,
@@ -275,10 +297,18 @@ def exec_(
     return collector.result()
 
 
-def exec_detached(sandbox_id: str, command: str, user: str = "user") -> Call:
-    """``POST /v1/sandboxes/{id}/jobs``; returns the job dict (``id``, ``command``, ``running``, ...)."""
-    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/jobs", {"command": command, "user": user},
-                         timeout=300.0)
+def exec_detached(sandbox_id: str, command: str, user: str = "user", env: dict[str, str] | None = None,
+                  cwd: str | None = None, timeout: float | None = None, stdin: str | None = None) -> Call:
+    """``POST /v1/sandboxes/{id}/jobs``; returns the job dict (``id``, ``command``, ``running``, ``exitCode``,
+    ``startedAt``). ``timeout`` seconds kills it (exit 124); ``stdin`` is text fed to it."""
+    body = _clean({"command": command, "user": user, "env": env, "cwd": cwd, "timeout": timeout, "stdin": stdin})
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/jobs", body, timeout=300.0)
+    return dict(resp.body["job"])
+
+
+def kill_job(sandbox_id: str, job_id: str) -> Call:
+    """``POST .../jobs/{job}/kill``; returns the job dict once it has ended (``exitCode`` 137)."""
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/jobs/{job_id}/kill", None, timeout=120.0)
     return dict(resp.body["job"])
 
 
@@ -290,7 +320,7 @@ def jobs(sandbox_id: str) -> Call:
 
 def job_logs(
     sandbox_id: str, job_id: str, follow: bool = False,
-    on_stdout: Callable[[str], None] | None = None, on_stderr: Callable[[str], None] | None = None,
+    on_stdout: Callable[[Any], object] | None = None, on_stderr: Callable[[Any], object] | None = None,
 ) -> Call:
     """``GET .../jobs/{job}/logs``; returns an :class:`ExecResult` when the job has ended, else a partial one with
     ``exit_code`` -1."""

@@ -12,7 +12,7 @@ from tests.fakes import Api, make_api, wait_until
 
 SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
-    "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "stats",
+    "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "labels", "stats",
 }
 STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
               "diskUniqueBytes"}
@@ -357,7 +357,7 @@ def test_exec_streams_ndjson_and_passes_the_exit_code(api: Api) -> None:
     sid = api.new()["id"]
     status, lines = api.exec(sid, "echo out; echo err >&2; printf 'caf\\xc3\\xa9'; exit 7")
     assert status == 200
-    assert lines[-1] == {"exit_code": 7, "timed_out": False}
+    assert lines[-1] == {"exitCode": 7, "timedOut": False}
     text = {"stdout": "", "stderr": ""}
     for line in lines[:-1]:
         assert set(line) == {"stream", "data"}
@@ -369,7 +369,7 @@ def test_exec_timeout_gives_124(api: Api) -> None:
     sid = api.new()["id"]
     _, lines = api.exec(sid, "echo start; sleep 30", timeout=0.5)
     assert lines[0] == {"stream": "stdout", "data": "start\n"}
-    assert lines[-1] == {"exit_code": 124, "timed_out": True}
+    assert lines[-1] == {"exitCode": 124, "timedOut": True}
 
 
 def test_exec_on_a_stopped_sandbox_is_409_not_running(api: Api) -> None:
@@ -401,7 +401,7 @@ def test_detached_jobs_logs_and_wait(api: Api) -> None:
     assert [j["id"] for j in api.get(f"/v1/sandboxes/{sid}/jobs").json()["jobs"]] == [job["id"]]
     with api.c.stream("GET", f"/v1/sandboxes/{sid}/jobs/{job['id']}/logs?follow=true", headers=api.h) as resp:
         lines = [json.loads(x) for x in resp.iter_lines() if x.strip()]
-    assert lines[-1] == {"exit_code": 3, "timed_out": False}
+    assert lines[-1] == {"exitCode": 3, "timedOut": False}
     assert {"stream": "stdout", "data": "one\n"} in lines and {"stream": "stderr", "data": "two\n"} in lines
     waited = api.get(f"/v1/sandboxes/{sid}/jobs/{job['id']}/wait").json()["job"]
     assert (waited["running"], waited["exitCode"]) == (False, 3)
@@ -461,17 +461,18 @@ def test_stats_and_snapshots_carry_space_figures(api: Api, monkeypatch: pytest.M
 def test_a_nul_character_in_a_body_is_refused_not_a_500(api: Api) -> None:
     sid = api.new()["id"]
     r = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": "echo a\u0000b"})
-    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (400, "invalid_command",
+                                                                                     "command")
     r = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": "true", "env": {"A": "x\u0000"}})
-    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (400, "invalid_env", "env.A")
     r = api.post(f"/v1/sandboxes/{sid}/jobs", json={"command": "sleep 1\u0000"})
-    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_command")
     assert "NUL" in r.json()["error"]["message"]
 
 
 def test_exec_runs_as_user_or_root_only(api: Api) -> None:
     sid = api.new()["id"]
     r = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": "id", "user": "bob"})
-    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (400, "invalid_user", "user")
     r = api.post(f"/v1/sandboxes/{sid}/jobs", json={"command": "id", "user": "bob"})
-    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request")
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_user")

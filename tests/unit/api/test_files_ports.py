@@ -319,7 +319,7 @@ def test_file_errors(api: Api) -> None:
     assert err(api.get(f"/v1/sandboxes/{sid}/files/stat", params={"path": "nope"})) == (404, "not_found")
     assert err(_files(api, sid, "GET", "")) == (400, "invalid_path")
     assert err(_files(api, sid, "GET", "d/f", params={"user": "mallory"})) == (400, "invalid_user")
-    assert err(_files(api, sid, "GET", "d/f", params={"archive": "zip"})) == (422, "invalid_request")
+    assert err(_files(api, sid, "GET", "d/f", params={"archive": "zip"})) == (400, "invalid_archive")
     assert err(api.c.get(f"/v1/sandboxes/{sid}/files", params={"path": "d/f"})) == (401, "unauthorized")
     assert err(_files(api, "sb_0000000000", "GET", "d/f")) == (404, "not_found")
     os.chmod(api.node.root / sid / "d" / "f", 0)

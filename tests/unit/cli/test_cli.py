@@ -233,3 +233,15 @@ def test_piped_tables_are_not_cut_at_80_columns(live: LiveServer) -> None:
     listing = sbx("list").stdout
     row = next(line for line in listing.splitlines() if sid in line)
     assert name in row and "…" not in listing
+
+
+def test_labels_filter_the_list_and_jobs_can_be_killed(live: LiveServer) -> None:
+    ml = new("--label", "team=ml", "--label", "tier=gpu")
+    web = new("--label", "team=web")
+    r = sbx("list", "--label", "team=ml", "--json")
+    assert r.exit_code == 0 and [s["id"] for s in json.loads(r.stdout)["sandboxes"]] == [ml]
+    assert json.loads(sbx("info", web, "--json").stdout)["sandbox"]["labels"] == {"team": "web"}
+    assert sbx("list", "--label", "nolabel").exit_code == 2  # KEY=VALUE or a usage error
+    job = sbx("exec", ml, "--detach", "--env", "A=b", "sleep 60").stdout.strip()
+    r = sbx("kill", ml, job)
+    assert r.exit_code == 0 and r.stdout.strip() == f"{job} exit 137"

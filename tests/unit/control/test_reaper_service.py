@@ -54,7 +54,7 @@ def test_a_running_exec_counts_as_activity(tmp_path: Path, node: FakeNode) -> No
         sid = _running(cp, ttl=1)
         lines = list(cp.exec(sid, "sleep 2.5; echo done", timeout=60))
         # the sandbox outlived its ttl while the command ran, and was not stopped under it
-        assert lines[-1] == {"exit_code": 0, "timed_out": False}
+        assert lines[-1] == {"exitCode": 0, "timedOut": False}
         assert not [c for c in node.calls if c[0] == "stop"]
         assert _state(cp, sid) == "running"
         wait_until(lambda: _state(cp, sid) == "stopped")  # once idle again, the ttl applies

@@ -116,3 +116,46 @@ def test_config_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(SbxError) as e:
         Client().list()
     assert e.value.code == "unreachable"
+
+
+def test_connect_labels_and_close(live: LiveServer) -> None:
+    """Issue 9: a handle from another process (connect), labels with list filters, handles closing their client."""
+    with Sandbox.create(labels={"team": "ml", "tier": "gpu"}) as sb, Sandbox.create(labels={"team": "web"}) as other:
+        assert sb.labels == {"team": "ml", "tier": "gpu"}
+        with Sandbox.connect(sb.id) as again:  # leaving the block closes its client, keeps the sandbox
+            assert again.exec("echo hi").stdout == "hi\n"
+        assert again.client._http.is_closed
+        assert Sandbox.connect(sb.id).state == "running"
+        with Client() as c:
+            assert [s.id for s in Sandbox.list(labels={"team": "ml"}, client=c)] == [sb.id]
+            assert {s.id for s in Sandbox.list(client=c)} == {sb.id, other.id}
+            assert Sandbox.list(labels={"team": "ml", "tier": "cpu"}, client=c) == []
+    assert sb.client._http.is_closed  # made by create: closed with the block
+
+
+def test_async_with_create_needs_no_await(live: LiveServer) -> None:
+    async def main() -> tuple[str, bool]:
+        async with AsyncSandbox.create(name="async-with", labels={"a": "b"}) as sb:
+            out = (await sb.exec("echo in-async")).stdout
+            sid = sb.id
+        assert sb.client._http.is_closed
+        async with AsyncClient() as c:
+            gone = all(s.id != sid for s in await AsyncSandbox.list(client=c))
+        return out, gone
+
+    assert asyncio.run(main()) == ("in-async\n", True)
+
+
+def test_background_jobs_take_env_stdin_timeout_and_kill(live: LiveServer) -> None:
+    with Sandbox.create() as sb:
+        job = sb.exec_detached("cat; echo $X", env={"X": "y"}, stdin="fed\n")
+        assert sb.wait_job(job["id"], timeout=30)["exitCode"] == 0
+        assert sb.job_logs(job["id"]).stdout == "fed\ny\n"
+        slow = sb.exec_detached("sleep 30", timeout=0.5)
+        assert sb.wait_job(slow["id"], timeout=30)["exitCode"] == 124
+        long = sb.exec_detached("sleep 60")
+        killed = sb.kill_job(long["id"])
+        assert (killed["running"], killed["exitCode"]) == (False, 137)
+        seen: list[bytes] = []
+        res = sb.exec("printf '\\377\\000x'", binary=True, on_stdout=seen.append)
+        assert res.stdout_bytes == b"\xff\x00x" and b"".join(seen) == b"\xff\x00x"
