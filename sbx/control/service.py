@@ -201,7 +201,9 @@ class ControlPlane:
 
     def view(self, row: SandboxRow, stats: bool = True, space: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
-        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats.
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats, and
+        the last stop's ``memorySaved`` (bool, null before any stop), ``stopReason`` (``requested``, ``idle``,
+        ``poweroff``, ``crashed``...) and ``stopError`` (why a memory save failed, or a crash's detail).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -223,6 +225,9 @@ class ControlPlane:
             "ttl": row.ttl,
             "autoResume": bool(row.auto_resume),
             "noSnapshots": bool(row.no_snapshots),
+            "memorySaved": row.memory_saved,
+            "stopReason": row.stop_reason,
+            "stopError": row.stop_error,
             "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 
@@ -379,9 +384,14 @@ class ControlPlane:
         self._on_transition(row, "")
         return row
 
-    def stop(self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None) -> SandboxRow:
+    def stop(
+        self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None, reason: str = "requested"
+    ) -> SandboxRow:
         """Stop a running sandbox in the background, checkpointing its memory when ``keep_memory`` (and the
-        sandbox allows snapshots). A stopped sandbox is returned as is. Raises 404, 409 ``busy``/``invalid_state``."""
+        sandbox allows snapshots). A stopped sandbox is returned as is. The stopped row records ``memory_saved``,
+        ``stop_reason`` = ``reason`` (``requested``; the reaper passes ``idle``) and ``stop_error`` (why a memory
+        save that was asked for failed), and clears ``memory_restored`` (it described the run that ended).
+        Raises 404, 409 ``busy``/``invalid_state``."""
 
         def check(row: SandboxRow) -> ControlError | None:
             if row.state == "stopped":
@@ -397,8 +407,11 @@ class ControlPlane:
         memory = keep_memory and not before.no_snapshots
 
         def work() -> None:
-            wrote = self.node.stop(sandbox_id, keep_memory=memory)
-            self.lifecycle.transition(sandbox_id, "stopped", has_memory=bool(wrote))
+            result = self.node.stop(sandbox_id, keep_memory=memory)
+            self.lifecycle.transition(
+                sandbox_id, "stopped", has_memory=result.memory_saved, memory_saved=result.memory_saved,
+                stop_reason=reason, stop_error=result.error, memory_restored=None, resume_reason=None,
+            )
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
@@ -808,14 +821,25 @@ class ControlPlane:
                 continue
             target = {"running": "running", "checkpointed": "stopped", "stopped": "stopped"}.get(status)
             if target is None:
-                if row.state != "error":
+                if row.state in ("forking", "provisioning"):  # the node removed the half-made disk
+                    self.store.update_sandbox(
+                        row.id, state="error", error_code="interrupted",
+                        error_message="the server stopped before the sandbox's disk was complete; delete it "
+                                      "and create (or fork) again",
+                    )
+                    self._on_transition(self.store.get_sandbox(row.id) or row, row.state)
+                elif row.state != "error":
                     self.store.update_sandbox(
                         row.id, state="error", error_code="lost", error_message="the node has no trace of it"
                     )
                     self._on_transition(self.store.get_sandbox(row.id) or row, row.state)
                 continue
             if row.state != target:
-                updated = self.store.update_sandbox(row.id, state=target, has_memory=status == "checkpointed")
+                fields: dict[str, Any] = {"has_memory": status == "checkpointed"}
+                if target == "stopped":
+                    fields.update(memory_saved=status == "checkpointed", memory_restored=None, resume_reason=None,
+                                  stop_reason="requested" if row.state == "stopping" else "interrupted")
+                updated = self.store.update_sandbox(row.id, state=target, **fields)
                 self._on_transition(updated, row.state)
             if target == "running":
                 self.activity.touch(row.id)

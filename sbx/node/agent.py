@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, lxcfs, network
+from sbx.node import cgroup, guestfs, lxcfs, network, recovery
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -50,6 +50,7 @@ from sbx.node.types import (
     SandboxSpec,
     SnapshotInfo,
     Stats,
+    StopResult,
 )
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
@@ -503,32 +504,44 @@ class LocalNode:
 
     # ----------------------------------------------------------------- stop / resume
 
-    def stop(self, id: str, keep_memory: bool = True) -> bool:
+    def stop(self, id: str, keep_memory: bool = True) -> StopResult:
+        """Checkpoint (``keep_memory``) or halt the container, then unmount and seal the disk.
+
+        Crash safety: the record gets phase ``stopping`` and a bumped ``diskGen`` (the generation this stop
+        seals, which the memory image records; :mod:`sbx.node.recovery`) before CRIU starts, and ``haltBegun``
+        before a halt starts, so reconcile never checkpoints a container that is half shut down."""
         with self._lock(id):
             rec = self._record(id)
             state = self.runtime.state(id)
             if state is None:
                 self._umount(id)
-                self._set_phase(id, rec["phase"] if rec["phase"] == "checkpointed" else "stopped")
-                return rec["phase"] == "checkpointed"
+                saved = rec["phase"] == "checkpointed" and self._memory_usable(id)
+                self._set_phase(id, "checkpointed" if saved else "stopped")
+                return StopResult(saved, None if saved or not keep_memory else "the sandbox was not running")
             rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(id))
             # No CRIU log may be left from earlier: reconcile reads its presence as "CRIU touched this stop".
             remove_tree(self._dir(id) / "criu-work")
             rec["phase"] = "stopping"
             rec["stopKeepMemory"] = keep_memory
+            rec["haltBegun"] = False
+            rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
             self._save(id, rec)
             saved = False
+            error: str | None = None
             if keep_memory:
                 mem = self._memory(id)
                 try:
                     self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work")
+                    recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
                     saved = True
                 except RuntimeError_ as e:
                     log.warning("checkpoint of %s failed, stopping without memory: %s", id, e.detail)
+                    error = e.detail
                     self._discard_memory(id)
                     self._set_phase(id, "stopping", lastError=e.detail)
             if not saved:
+                self._set_phase(id, "stopping", haltBegun=True)
                 self._halt(id)
             self._cleanup_container(id)
             self._umount(id)
@@ -537,7 +550,26 @@ class LocalNode:
                 self._set_phase(id, "checkpointed", lastError=None)
             else:
                 self._set_phase(id, "stopped")
-            return saved
+            return StopResult(saved, error)
+
+    def _memory_usable(self, sid: str) -> bool:
+        """True when the sandbox has a complete memory image (``host.json`` written) of its disk's current
+        generation (:mod:`sbx.node.recovery`)."""
+        mem = self._memory(sid)
+        if criu.read_fingerprint(mem) is None:
+            return False
+        try:
+            gen = int(self._record(sid).get("diskGen", 0))
+        except NodeError:
+            return False
+        return recovery.memory_generation(mem) == gen
+
+    def _begin_start(self, sid: str) -> None:
+        """Mark that the disk moves on from its sealed state (a resume starts): bump ``diskGen``, so the memory
+        image no longer matches and can never be restored again once this start has begun."""
+        rec = self._record(sid)
+        rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
+        self._save(sid, rec)
 
     def _halt(self, sid: str, grace: float = 10.0) -> None:
         """Ask systemd to halt (SIGRTMIN+3), then SIGKILL after ``grace`` seconds."""
@@ -573,6 +605,11 @@ class LocalNode:
                 reason = "resized" if resized else "cold"
             elif recorded is None:
                 reason = "no_checkpoint"
+            elif not self._memory_usable(id):
+                reason = "stale_checkpoint"
+                if require_memory:
+                    self._discard_memory(id)
+                    self._set_phase(id, "stopped")
             else:
                 wait = self.settings.require_memory_wait if require_memory else 0.0
                 diff = self._host_mismatch(mem, wait)
@@ -595,6 +632,7 @@ class LocalNode:
                         log.warning("restore of %s failed, cold booting: %s", id, e.message)
             if require_memory:  # nothing was restored: refuse rather than boot from disk
                 raise NodeError("no_checkpoint", f"memory can't be restored ({reason}); the sandbox stays stopped")
+            self._begin_start(id)
             if resized or cold:
                 try:
                     disks.grow(self._disk(id), spec.size.disk_mib)
@@ -619,6 +657,7 @@ class LocalNode:
             time.sleep(min(2.0, left))
 
     def _restore(self, sid: str, size: Size) -> None:
+        self._begin_start(sid)  # from here on the image is stale: an interrupted restore never repeats
         rec = self._record(sid)
         self._cleanup_container(sid)
         self._mount(sid)
@@ -640,9 +679,8 @@ class LocalNode:
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id)
             with self._lock(source_id):
-                mp = disks.mounted_at(self._disk(source_id))
                 try:
-                    disks.clone_disk(self._disk(source_id), self._disk(spec.id), mountpoint=mp)
+                    self._clone_live(source_id, self._disk(spec.id))
                 except StorageError as e:
                     raise NodeError("fork_failed", str(e)) from e
             if spec.size.disk_mib > self._disk_mib(spec.id):
@@ -652,6 +690,23 @@ class LocalNode:
                     raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
             self._set_phase(spec.id, "stopped")
             self._boot(spec.id, spec.size, fresh_identity=True)
+
+    def _clone_live(self, sid: str, dst: Path) -> None:
+        """Reflink-copy the sandbox's disk to ``dst``, freezing its filesystem for the copy when it is mounted.
+        A ``freezing`` intent (the mount point) is in the record while it may be frozen, so a reconcile after a
+        crash in that window thaws it (:mod:`sbx.node.recovery`). Raises ``StorageError``."""
+        mp = disks.mounted_at(self._disk(sid))
+        if mp is not None:
+            rec = self._record(sid)
+            rec["freezing"] = str(mp)
+            self._save(sid, rec)
+        try:
+            disks.clone_disk(self._disk(sid), dst, mountpoint=mp)
+        finally:
+            if mp is not None:
+                rec = self._record(sid)
+                rec.pop("freezing", None)
+                self._save(sid, rec)
 
     def _disk_mib(self, sid: str) -> int:
         return self._disk(sid).stat().st_size // (1024 * 1024)
@@ -667,10 +722,9 @@ class LocalNode:
             raise NodeError("snapshot_exists", f"snapshot {name!r} already exists")
         with self._lock(id):
             self._record(id)
-            mp = disks.mounted_at(self._disk(id))
             tmp = path.with_suffix(".tmp")
             try:
-                disks.clone_disk(self._disk(id), tmp, mountpoint=mp)
+                self._clone_live(id, tmp)
             except StorageError as e:
                 raise NodeError("snapshot_failed", str(e)) from e
             os.chmod(tmp, 0o444)
@@ -768,7 +822,7 @@ class LocalNode:
             return "absent"
         if self.runtime.state(id) == "running":
             return "running"
-        return "checkpointed" if criu.read_fingerprint(self._memory(id)) else "stopped"
+        return "checkpointed" if self._memory_usable(id) else "stopped"
 
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
         """Bring every sandbox on this node to a consistent state after a (possibly crashed) start:
@@ -784,6 +838,7 @@ class LocalNode:
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
         result: dict[str, NodeStatus] = {}
+        self._thaw_all()  # first: a frozen root blocks CRIU, unmounts and the container's own shutdown
         # A node that died mid-operation leaves its runc commands running (they have sessions of their own):
         # stop them before looking at what they were working on.
         if self.runtime.kill_orphans():
@@ -805,11 +860,17 @@ class LocalNode:
                     result[sid] = "absent"
                     continue
                 rec = self._record(sid)
+                if self._half_made(sid, rec):
+                    log.warning("%s was interrupted before its disk was complete: removing it", sid)
+                    self.delete(sid)
+                    result[sid] = "absent"
+                    continue
                 running = self.runtime.state(sid) == "running"
                 if rec["phase"] == "stopping":
                     untouched = not (self._dir(sid) / "criu-work" / "dump.log").exists()
                     if running and untouched:
-                        saved = self.stop(sid, keep_memory=rec.get("stopKeepMemory", True))
+                        keep = rec.get("stopKeepMemory", True) and not rec.get("haltBegun", False)
+                        saved = self.stop(sid, keep_memory=keep).memory_saved
                         result[sid] = "checkpointed" if saved else "stopped"
                         continue
                 elif running:
@@ -818,12 +879,42 @@ class LocalNode:
                     continue
                 self._cleanup_container(sid)
                 self._umount(sid)
-                mem_ok = criu.read_fingerprint(self._memory(sid)) is not None
+                mem_ok = self._memory_usable(sid)
                 if not mem_ok:
                     self._discard_memory(sid)
                 self._set_phase(sid, "checkpointed" if mem_ok else "stopped")
                 result[sid] = "checkpointed" if mem_ok else "stopped"
         return result
+
+    def _thaw_all(self) -> None:
+        """Thaw every mounted sandbox root and any recorded ``freezing`` mount point ("not frozen" is ignored),
+        drop the ``freezing`` intents, and remove half-written snapshot copies (``snapshots/*.tmp``)."""
+        if not self.sandboxes_dir.is_dir():
+            return
+        for d in self.sandboxes_dir.iterdir():
+            points: set[str] = set()
+            mp = disks.mounted_at(d / "disk.ext4")
+            if mp is not None:
+                points.add(str(mp))
+            try:
+                rec = json.loads((d / "node.json").read_text())
+            except (OSError, ValueError):
+                rec = None
+            if rec and rec.get("freezing"):
+                points.add(str(rec["freezing"]))
+            for point in sorted(points):
+                if recovery.thaw(point):
+                    log.warning("%s: thawed its root filesystem at %s (left frozen by a crash)", d.name, point)
+            if rec and "freezing" in rec:
+                rec.pop("freezing")
+                self._save(d.name, rec)
+        for tmp in self.snapshots_dir.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+    def _half_made(self, sid: str, rec: dict[str, Any]) -> bool:
+        """True for a sandbox whose disk was never completed: a create or fork interrupted while its record was
+        still ``creating``, or any record whose disk is missing."""
+        return rec.get("phase") == "creating" or not self._disk(sid).is_file()
 
     def _owns_veth(self, veth: str) -> bool:
         """True if ``veth`` is a port of this node's bridge (so another node's sandboxes are left alone)."""

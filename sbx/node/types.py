@@ -49,12 +49,23 @@ class ResumeResult:
     """Outcome of :meth:`NodeAgent.resume`.
 
     ``memory_restored`` is True when CRIU restored the processes; otherwise the sandbox cold-booted from its
-    disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``);
+    disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``,
+    ``"stale_checkpoint"``: the image belongs to an older disk generation, see :mod:`sbx.node.recovery`);
     ``error`` keeps the restore error text when there was one.
     """
 
     memory_restored: bool
     reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class StopResult:
+    """Outcome of :meth:`NodeAgent.stop`: ``memory_saved`` is True when a complete memory image was written;
+    ``error`` keeps why a requested memory save failed (CRIU's message), None when it succeeded or was not
+    asked for."""
+
+    memory_saved: bool
     error: str | None = None
 
 
@@ -146,9 +157,10 @@ class NodeAgent(Protocol):
         """Bytes of a job's ``stream`` (``stdout``/``stderr``) from byte ``offset``."""
         ...
 
-    def stop(self, id: str, keep_memory: bool = True) -> bool:
-        """Stop the sandbox. With ``keep_memory`` checkpoint it with CRIU first; returns True when a memory
-        image was written. Always seals a disk checkpoint. Never loses the disk."""
+    def stop(self, id: str, keep_memory: bool = True) -> StopResult:
+        """Stop the sandbox. With ``keep_memory`` checkpoint it with CRIU first; the result says whether a memory
+        image was written and, if a save was asked for and failed, why. Always seals a disk checkpoint. Never
+        loses the disk."""
         ...
 
     def resume(self, id: str, spec: SandboxSpec, *, cold: bool = False, require_memory: bool = False) -> ResumeResult:
@@ -204,5 +216,6 @@ class NodeAgent(Protocol):
 
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
         """On start: given the control plane's ``{id: state}``, remove orphans (containers, mounts, loop
-        devices, veths of unknown ids) and return what is actually there for each known id."""
+        devices, veths of unknown ids), thaw frozen roots, remove half-made sandboxes (a fork or create killed
+        before its disk was complete: reported ``absent``) and return what is actually there for each known id."""
         ...
