@@ -203,7 +203,8 @@ class ControlPlane:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
         memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats, and
         the last stop's ``memorySaved`` (bool, null before any stop), ``stopReason`` (``requested``, ``idle``,
-        ``poweroff``, ``crashed``...) and ``stopError`` (why a memory save failed, or a crash's detail).
+        ``poweroff``, ``crashed``...) and ``stopError`` (why a memory save failed, or a crash's detail), and ``error`` (``{"code","message"}`` of the
+        last failed operation, e.g. ``interrupted`` for a fork the server was killed in; null otherwise).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -228,6 +229,7 @@ class ControlPlane:
             "memorySaved": row.memory_saved,
             "stopReason": row.stop_reason,
             "stopError": row.stop_error,
+            "error": {"code": row.error_code, "message": row.error_message or ""} if row.error_code else None,
             "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 

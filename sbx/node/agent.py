@@ -874,6 +874,7 @@ class LocalNode:
                         result[sid] = "checkpointed" if saved else "stopped"
                         continue
                 elif running:
+                    self._discard_memory(sid)  # whatever image is left, the disk has moved on since
                     self._set_phase(sid, "running")
                     result[sid] = "running"
                     continue
