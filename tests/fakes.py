@@ -301,6 +301,12 @@ class FakeNode:
         box = self.boxes.get(id)
         return "absent" if box is None else box.status
 
+    def watch(self, on_exit) -> None:  # type: ignore[no-untyped-def]
+        self.on_exit = on_exit
+
+    def unwatch(self) -> None:
+        self.on_exit = None
+
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
         self.calls.append(("reconcile", "", {"known": dict(known)}))
         return {id: self.status(id) for id in known}

@@ -203,8 +203,9 @@ class ControlPlane:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
         memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, stats, and
         the last stop's ``memorySaved`` (bool, null before any stop), ``stopReason`` (``requested``, ``idle``,
-        ``poweroff``, ``crashed``...) and ``stopError`` (why a memory save failed, or a crash's detail), and ``error`` (``{"code","message"}`` of the
-        last failed operation, e.g. ``interrupted`` for a fork the server was killed in; null otherwise).
+        ``poweroff``, ``crashed``...) and ``stopError`` (why a memory save failed, or a crash's detail), and
+        ``error`` (``{"code","message"}`` of the last failed operation, e.g. ``interrupted`` for a fork the server
+        was killed in; null otherwise).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -845,11 +846,43 @@ class ControlPlane:
                 self._on_transition(updated, row.state)
             if target == "running":
                 self.activity.touch(row.id)
+        self.node.watch(self._on_node_exit)
+
+    def _on_node_exit(self, sandbox_id: str, kind: str, detail: str | None) -> None:
+        """The node noticed that a running sandbox ended on its own (called from the node's watcher thread).
+        ``poweroff``/``crashed``: the sandbox is ``stopped`` with ``stopReason`` = kind (``stopError`` = the
+        crash's detail), disk kept, no memory. ``reboot``: it boots again from its disk and reports
+        ``resumeReason: "reboot"``. An ``exited`` event with the reason comes first."""
+        row = self.store.get_sandbox(sandbox_id)
+        if row is None or row.state != "running":
+            return
+        self.add_event(sandbox_id, {"event": "exited", "id": sandbox_id, "reason": kind, "detail": detail})
+        try:
+            row = self.lifecycle.transition(
+                sandbox_id, "stopped", has_memory=False, memory_saved=False, stop_reason=kind, stop_error=detail,
+                memory_restored=None, resume_reason=None,
+            )
+            if kind != "reboot":
+                return
+            row = self.lifecycle.transition(sandbox_id, "resuming")
+        except ControlError as e:  # an operation got there first
+            log.info("%s ended (%s) but is %s: %s", sandbox_id, kind, e.state, e.message)
+            return
+        spec = self._spec(row)
+
+        def work() -> None:
+            self.node.resume(sandbox_id, spec, cold=False)
+            self.activity.touch(sandbox_id)
+            self.lifecycle.transition(sandbox_id, "running", has_memory=False, memory_restored=False,
+                                      resume_reason="reboot")
+
+        self._submit(sandbox_id, work, self._fail(sandbox_id))
 
     def close(self) -> None:
         """Finish operations in flight and release the database."""
         if self._closed:
             return
         self._closed = True
+        self.node.unwatch()
         self._pool.shutdown(wait=True)
         self.store.close()

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, lxcfs, network, recovery
+from sbx.node import cgroup, guestfs, lxcfs, network, recovery, watch
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -104,6 +104,8 @@ class LocalNode:
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
+        self._watcher: watch.Watcher | None = None
+        self._on_exit: Callable[[str, str, str | None], None] | None = None
         self._cpu_samples: dict[str, tuple[float, int]] = {}
 
     # ----------------------------------------------------------------- setup
@@ -273,6 +275,7 @@ class LocalNode:
         self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
         self._mount(sid)
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
+        self._write_shutdown_hook(sid)
         bundle = self._write_bundle(sid, rec, size)
         self._set_phase(sid, "booting")
         try:
@@ -924,6 +927,79 @@ class LocalNode:
             return p.resolve().name == self.settings.bridge
         except OSError:
             return False
+
+    # ----------------------------------------------------------------- watching running sandboxes (sbx.node.watch)
+
+    def _write_shutdown_hook(self, sid: str) -> None:
+        """Install the guest's shutdown hook (it tells a reboot from a power-off) and clear the last word."""
+        root = self._rootfs(sid)
+        guestfs.write_file(root, watch.HOOK_PATH, watch.HOOK_SCRIPT.encode(), mode=0o755)
+        guestfs.write_file(root, watch.KIND_FILE, b"")
+
+    def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
+        """Start noticing running sandboxes whose init ended on its own (checked about once a second, see
+        :mod:`sbx.node.watch`). For each, the node removes the container, its veth and cgroups, unmounts the disk
+        (kept, no memory image) and calls ``on_exit(id, kind, detail)`` with ``kind`` ``"poweroff"`` (power-off
+        or halt inside), ``"reboot"`` (reboot inside: the caller should boot it again) or ``"crashed"`` (init
+        killed or died; ``detail`` says so). Idempotent; :meth:`unwatch` stops it."""
+        self._on_exit = on_exit
+        if self._watcher is None:
+            self._watcher = watch.Watcher(self._watch_pass)
+            self._watcher.start()
+
+    def unwatch(self) -> None:
+        """Stop the watcher thread (at shutdown)."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+
+    def _watch_pass(self) -> None:
+        if not self.sandboxes_dir.is_dir():
+            return
+        for d in sorted(self.sandboxes_dir.iterdir()):
+            try:
+                if json.loads((d / "node.json").read_text()).get("phase") != "running":
+                    continue
+            except (OSError, ValueError):
+                continue
+            if watch.init_alive(self.run_dir / "runc" / d.name / "state.json"):
+                continue
+            lock = self._lock(d.name)
+            if not lock.acquire(blocking=False):  # an operation is working on it: it decides
+                continue
+            try:
+                ended = self._settle_ended(d.name)
+            finally:
+                lock.release()
+            if ended is not None and self._on_exit is not None:
+                self._on_exit(d.name, *ended)
+
+    def _settle_ended(self, sid: str) -> tuple[str, str | None] | None:
+        """With the sandbox's lock held: if its init really ended, clean up and return ``(kind, detail)``."""
+        try:
+            rec = self._record(sid)
+        except NodeError:
+            return None
+        if rec.get("phase") != "running" or watch.init_alive(self.run_dir / "runc" / sid / "state.json"):
+            return None
+        try:
+            word = guestfs.read_file(self._rootfs(sid), watch.KIND_FILE, limit=64).decode(errors="replace")
+        except (OSError, guestfs.UnsafePath):
+            word = ""
+        kind = watch.exit_kind(word)
+        detail = None if kind != "crashed" else "the sandbox's init ended without a shutdown (killed or crashed)"
+        log.warning("%s ended on its own: %s", sid, kind)
+        rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(sid))
+        rec["phase"] = "stopping"
+        rec["haltBegun"] = True
+        rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
+        self._save(sid, rec)
+        self._cleanup_container(sid)
+        self._umount(sid)
+        self._discard_memory(sid)
+        self._seal(sid)
+        self._set_phase(sid, "stopped", stopReason=kind, lastError=detail)
+        return kind, detail
 
     # ----------------------------------------------------------------- helpers for tests and tools
 

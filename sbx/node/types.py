@@ -11,7 +11,7 @@ else is a bug.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -212,6 +212,16 @@ class NodeAgent(Protocol):
 
     def address(self, id: str) -> str:
         """The sandbox's IPv4 address on the node's bridge, where its listening ports answer."""
+        ...
+
+    def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
+        """Start calling ``on_exit(id, kind, detail)`` (from a node thread) for each running sandbox whose init
+        ended on its own, after the node cleaned it up (disk kept, no memory): ``kind`` is ``"poweroff"``,
+        ``"reboot"`` or ``"crashed"``."""
+        ...
+
+    def unwatch(self) -> None:
+        """Stop watching (at shutdown)."""
         ...
 
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:

@@ -11,13 +11,17 @@ frozen for that many seconds with a marker file present; the test kills the serv
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import SBX
 from tests.e2e.faultsrv import FaultServer
+from tests.e2e.helpers import poll
 
 HOLD = {"SBX_TEST_HOLD_FROZEN": "120"}
 NO_HOLD = {"SBX_TEST_HOLD_FROZEN": ""}
@@ -127,3 +131,61 @@ def test_a_failed_memory_save_is_reported_and_memory_restored_is_not_stale(fault
     assert (got["memoryRestored"], got["resumeReason"]) == (False, "no_checkpoint")
     ok(faults, "delete", sid)
 
+
+
+def _init_pid(fs: FaultServer, sid: str) -> int:
+    state = json.loads((Path("/run/sbx") / fs.node / "runc" / sid / "state.json").read_text())
+    return int(state["init_process_pid"])
+
+
+def _host_has(fs: FaultServer, sid: str) -> dict[str, bool]:
+    """What the host still holds for the sandbox: its root mount and its veth."""
+    mounted = str(fs.bundle(sid) / "rootfs") in Path("/proc/self/mounts").read_text()
+    veth = Path("/sys/class/net/v" + sid.removeprefix("sb_")).exists()
+    return {"mount": mounted, "veth": veth}
+
+
+def _settled(fs: FaultServer, sid: str, **want: object) -> dict:  # type: ignore[type-arg]
+    def check() -> dict | None:  # type: ignore[type-arg]
+        got = info(fs, sid)
+        return got if all(got.get(k) == v for k, v in want.items()) else None
+
+    return poll(check, f"{sid} to show {want}", timeout=120, interval=0.5)  # type: ignore[no-any-return]
+
+
+def test_poweroff_inside_stops_the_sandbox_and_frees_the_host(faults: FaultServer) -> None:
+    sid = new(faults)
+    writes_work(faults, sid, "kept")
+    sbx(faults, "exec", sid, "sudo poweroff", timeout=120)  # the connection may drop: no check
+    got = _settled(faults, sid, state="stopped")
+    assert (got["stopReason"], got["memorySaved"], got["memoryRestored"]) == ("poweroff", False, None)
+    assert _host_has(faults, sid) == {"mount": False, "veth": False}
+    assert sbx(faults, "exec", sid, "true").returncode != 0  # not running: refused, not hung
+    ok(faults, "resume", sid, "--wait", timeout=300)
+    got = info(faults, sid)
+    assert (got["state"], got["memoryRestored"], got["resumeReason"]) == ("running", False, "no_checkpoint")
+    assert ok(faults, "exec", sid, "cat ~/kept").strip() == "kept"
+    ok(faults, "delete", sid)
+
+
+def test_reboot_inside_boots_the_same_sandbox_again(faults: FaultServer) -> None:
+    sid = new(faults)
+    writes_work(faults, sid, "kept")
+    ok(faults, "exec", "--user", "root", sid, "touch /run/this-boot")  # /run is a tmpfs: a new boot starts empty
+    sbx(faults, "exec", sid, "sudo reboot", timeout=120)
+    got = _settled(faults, sid, state="running", resumeReason="reboot")
+    assert got["memoryRestored"] is False
+    assert ok(faults, "exec", sid, "cat ~/kept").strip() == "kept"
+    assert ok(faults, "exec", sid, "test -e /run/this-boot && echo old || echo new").strip() == "new"
+    ok(faults, "delete", sid)
+
+
+def test_init_killed_from_the_host_is_reported_crashed(faults: FaultServer) -> None:
+    sid = new(faults)
+    os.kill(_init_pid(faults, sid), signal.SIGKILL)
+    got = _settled(faults, sid, state="stopped")
+    assert got["stopReason"] == "crashed" and got["stopError"]
+    assert _host_has(faults, sid) == {"mount": False, "veth": False}
+    ok(faults, "resume", sid, "--wait", timeout=300)
+    assert info(faults, sid)["state"] == "running"
+    ok(faults, "delete", sid)
