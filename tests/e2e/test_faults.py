@@ -189,3 +189,14 @@ def test_init_killed_from_the_host_is_reported_crashed(faults: FaultServer) -> N
     ok(faults, "resume", sid, "--wait", timeout=300)
     assert info(faults, sid)["state"] == "running"
     ok(faults, "delete", sid)
+
+
+def test_doctor_checks_the_kernel_limits_many_sandboxes_need(faults: FaultServer) -> None:
+    checks = {c["name"]: c for c in json.loads(sbx(faults, "doctor", "--json").stdout)["checks"]}
+    for key, want in (("fs.inotify.max_user_instances", 8192), ("fs.inotify.max_user_watches", 1048576),
+                      ("kernel.pid_max", 4194304)):
+        c = checks[f"sysctl {key}"]
+        current = int(Path("/proc/sys", *key.split(".")).read_text())
+        assert c["ok"] is (current >= want), c
+        assert str(current) in c["detail"]
+        assert c["ok"] or "sbx setup" in c["fix"]
