@@ -106,6 +106,8 @@ class LocalNode:
         self._image: Path | None = None
         self._watcher: watch.Watcher | None = None
         self._on_exit: Callable[[str, str, str | None], None] | None = None
+        self._kernel_ooms = watch.KernelOoms()
+        self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
         self._cpu_samples: dict[str, tuple[float, int]] = {}
 
     # ----------------------------------------------------------------- setup
@@ -804,8 +806,9 @@ class LocalNode:
         else:
             disk = self._disk(id)
             alloc, unique = (_allocated(disk), 0)
+        ooms = rec.get("oomKills", 0) + rec.get("oomKillsNested", 0) + self._nested_ooms.get(id, 0)
         if self.runtime.state(id) != "running":
-            return Stats(0, 0, 0.0, 0, rec.get("oomKills", 0), alloc, unique)
+            return Stats(0, 0, 0.0, 0, ooms, alloc, unique)
         s = cgroup.sample(self._cgroup_path(id), previous=self._cpu_samples.get(id))
         self._cpu_samples[id] = s.cpu_mark
         st = os.statvfs(self._rootfs(id))
@@ -815,7 +818,7 @@ class LocalNode:
             memory_used_mb=s.memory_used >> 20,
             cpu_percent=s.cpu_percent,
             disk_used_mb=used >> 20,
-            oom_kills=rec.get("oomKills", 0) + s.oom_kills,
+            oom_kills=ooms + s.oom_kills,
             disk_allocated_bytes=alloc,
             disk_unique_bytes=unique,
         )
@@ -944,6 +947,7 @@ class LocalNode:
         killed or died; ``detail`` says so). Idempotent; :meth:`unwatch` stops it."""
         self._on_exit = on_exit
         if self._watcher is None:
+            self._kernel_ooms.open()
             self._watcher = watch.Watcher(self._watch_pass)
             self._watcher.start()
 
@@ -952,10 +956,36 @@ class LocalNode:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+            self._kernel_ooms.close()
+
+    def _count_nested_ooms(self) -> None:
+        """Add OOM kills the kernel logged in a sandbox's child cgroups (its own cgroup's kills are in its
+        ``memory.oom_control`` counter already) to the sandbox's count, saved in ``node.json`` (``oomKillsNested``)
+        as soon as no operation holds the sandbox."""
+        prefix = f"/sbx/{self.settings.node_name}/"
+        for memcg in self._kernel_ooms.read():
+            if memcg.startswith(prefix):
+                sid, _, below = memcg.removeprefix(prefix).partition("/")
+                if below:
+                    self._nested_ooms[sid] = self._nested_ooms.get(sid, 0) + 1
+        for sid, n in list(self._nested_ooms.items()):
+            lock = self._lock(sid)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                rec = self._record(sid)
+                rec["oomKillsNested"] = rec.get("oomKillsNested", 0) + n
+                self._save(sid, rec)
+            except NodeError:
+                pass
+            finally:
+                lock.release()
+            self._nested_ooms.pop(sid, None)
 
     def _watch_pass(self) -> None:
         if not self.sandboxes_dir.is_dir():
             return
+        self._count_nested_ooms()
         for d in sorted(self.sandboxes_dir.iterdir()):
             try:
                 if json.loads((d / "node.json").read_text()).get("phase") != "running":

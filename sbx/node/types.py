@@ -96,7 +96,8 @@ class JobInfo:
 class Stats:
     """A fresh sample of a sandbox's use: memory limit and use (MiB), CPU use since the last sample
     (percent of one CPU), disk used inside the sandbox (MiB, from statfs of its root), OOM kills counted by
-    its memory cgroup, and disk bytes allocated on the volume / unique to this sandbox."""
+    its memory cgroup and its child cgroups (services, jobs; from the kernel log), and disk bytes allocated on
+    the volume / unique to this sandbox."""
 
     memory_total_mb: int
     memory_used_mb: int

@@ -90,3 +90,63 @@ class Watcher:
                 self._check()
             except Exception:
                 log.exception("sandbox watch pass failed")
+
+
+class KernelOoms:
+    """OOM kills read from the kernel log (``/dev/kmsg``), by memory cgroup of the killed task.
+
+    The cgroup v1 counter ``memory.oom_control: oom_kill`` counts a kill only in the victim's own cgroup, so a
+    systemd service or job killed in a child cgroup (``system.slice/x.service``) is missing from the sandbox's
+    counter, and its cgroup (and count) goes away with the unit. The kernel logs every kill as one
+    ``oom-kill:...,task_memcg=<path>,...`` record, so reading those catches all of them. Only records written after
+    :meth:`open` are seen (the log is read from its end)."""
+
+    def __init__(self, path: str = "/dev/kmsg"):
+        self._path = path
+        self._fd: int | None = None
+
+    def open(self) -> bool:
+        """Start reading at the end of the log; False when it can't be read (not root, no /dev/kmsg)."""
+        import os
+
+        try:
+            self._fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
+            os.lseek(self._fd, 0, os.SEEK_END)
+        except OSError as e:
+            log.warning("OOM kills in child cgroups are not counted: %s: %s", self._path, e)
+            self._fd = None
+            return False
+        return True
+
+    def close(self) -> None:
+        import os
+
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self) -> list[str]:
+        """The ``task_memcg`` paths of the OOM kills logged since the last call (one entry per kill)."""
+        import errno
+        import os
+
+        out: list[str] = []
+        if self._fd is None:
+            return out
+        while True:
+            try:
+                rec = os.read(self._fd, 8192)
+            except OSError as e:
+                if e.errno == errno.EPIPE:  # the ring buffer overwrote records we had not read: go on
+                    continue
+                break  # EAGAIN: nothing more for now
+            if not rec:
+                break
+            text = rec.decode(errors="replace")
+            body = text.split(";", 1)[1] if ";" in text else text
+            if not body.startswith("oom-kill:"):
+                continue
+            for part in body.strip().split(","):
+                if part.startswith("task_memcg="):
+                    out.append(part.removeprefix("task_memcg="))
+        return out

@@ -200,3 +200,16 @@ def test_doctor_checks_the_kernel_limits_many_sandboxes_need(faults: FaultServer
         assert c["ok"] is (current >= want), c
         assert str(current) in c["detail"]
         assert c["ok"] or "sbx setup" in c["fix"]
+
+
+def test_an_oom_kill_in_a_detached_job_is_counted(faults: FaultServer) -> None:
+    sid = new(faults)
+    assert info(faults, sid)["stats"]["oomKills"] == 0
+    # A detached job is a systemd unit: its process lives in a child cgroup of the sandbox's memory cgroup.
+    job = ok(faults, "exec", sid, "--detach", "python3 -c 'b = bytearray(4 << 30)'").strip()
+    assert sbx(faults, "wait", sid, job, timeout=400).returncode == 137  # SIGKILLed by the OOM killer
+    got = poll(lambda: info(faults, sid)["stats"]["oomKills"] or None, "the OOM kill to be counted", timeout=60)
+    assert got == 1
+    ok(faults, "stop", sid, "--wait", timeout=300)
+    assert info(faults, sid)["stats"]["oomKills"] == 1  # kept while stopped
+    ok(faults, "delete", sid)
