@@ -107,6 +107,7 @@ class LocalNode:
         self._watcher: watch.Watcher | None = None
         self._on_exit: Callable[[str, str, str | None], None] | None = None
         self._kernel_ooms = watch.KernelOoms()
+        self._shutdown_at: float | None = None  # monotonic time attached execs are ended at (server shutdown)
         self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
         self._cpu_samples: dict[str, tuple[float, int]] = {}
 
@@ -381,13 +382,16 @@ class LocalNode:
         try:
             open_streams = 2
             while open_streams:
+                if self._shutdown_at is not None and time.monotonic() >= self._shutdown_at:
+                    raise NodeError("server_shutdown", "the server is shutting down; the command was ended")
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if deadline is not None and wait == 0.0 and not timed_out:
                     timed_out = True
                     kill_process_group(pid_file)
                     deadline = None
                     continue
-                for key, _ in sel.select(wait):
+                # wake at least twice a second to notice a server shutdown (:meth:`begin_shutdown`)
+                for key, _ in sel.select(0.5 if wait is None else min(wait, 0.5)):
                     chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if not chunk:
                         sel.unregister(key.fileobj)
@@ -849,6 +853,7 @@ class LocalNode:
         # stop them before looking at what they were working on.
         if self.runtime.kill_orphans():
             time.sleep(0.2)
+        self._kill_leftover_execs()
         for cid in self.runtime.list():
             if cid not in known:
                 self.runtime.delete(cid)
@@ -1030,6 +1035,42 @@ class LocalNode:
         self._seal(sid)
         self._set_phase(sid, "stopped", stopReason=kind, lastError=detail)
         return kind, detail
+
+    # ----------------------------------------------------------------- server shutdown and leftovers
+
+    def begin_shutdown(self, grace: float) -> None:
+        """The server is going away: attached execs still running after ``grace`` seconds are killed and their
+        streams end with ``NodeError("server_shutdown")`` (the API sends it as the stream's error line)."""
+        self._shutdown_at = time.monotonic() + grace
+
+    def cleanup_host(self) -> bool:
+        """After the server stopped: when no sandbox container of this node runs any more, remove the bridge,
+        the node's nftables table, ``/run/sbx/<node>`` and the node's cgroup folders. Returns True when it did
+        (with sandboxes still running, everything stays: they need it)."""
+        if any(self.runtime.state(cid) == "running" for cid in self.runtime.list()):
+            return False
+        network.remove_bridge(self.settings.bridge, self.settings.node_name)
+        for d in self.sandboxes_dir.glob("*") if self.sandboxes_dir.is_dir() else []:
+            self._umount(d.name, wait=5.0)
+        cgroup.remove_tree(f"/sbx/{self.settings.node_name}")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return True
+
+    def _kill_leftover_execs(self) -> None:
+        """Kill commands that attached execs of a killed server left running (their ``exec-*.pid`` files are
+        still in the bundles): nobody can read their output any more. A pid is killed only while it is still in
+        that sandbox's cgroup (never a reused pid)."""
+        for pid_file in (self.run_dir / "bundles").glob("*/exec-*.pid"):
+            sid = pid_file.parent.name
+            try:
+                pid = int(pid_file.read_text().strip())
+                in_sandbox = self._cgroup_path(sid) in Path(f"/proc/{pid}/cgroup").read_text()
+            except (OSError, ValueError):
+                in_sandbox = False
+            if in_sandbox:
+                log.warning("%s: killing exec pid %d left running by a killed server", sid, pid)
+                kill_process_group(pid_file)
+            pid_file.unlink(missing_ok=True)
 
     # ----------------------------------------------------------------- helpers for tests and tools
 

@@ -1,7 +1,7 @@
 """A `sbx server` that fault tests can kill -9 and start again on the same state (tests/e2e/test_faults.py).
 
-Node, bridge and subnet come from SBX_FAULT_NODE / SBX_FAULT_BRIDGE / SBX_FAULT_SUBNET (defaults ``faults`` /
-``sbxfault0`` / 10.88.0.0/16, which no other test uses)."""
+Node, bridge and subnet come from ``<prefix>_NODE`` / ``_BRIDGE`` / ``_SUBNET`` environment variables (prefix
+``SBX_FAULT``: defaults ``faults`` / ``sbxfault0`` / 10.88.0.0/16, which no other test uses)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,20 @@ class FaultServer:
     ``close()`` deletes its sandboxes, stops it with SIGTERM and removes its bridge and node folder. ``srv`` is the
     :class:`Server` handle of the current run (CLI and API calls)."""
 
-    def __init__(self, tmp: Path, **env_extra: str):
+    def __init__(self, tmp: Path, prefix: str = "SBX_FAULT", node: str = "faults", bridge: str = "sbxfault0",
+                 subnet: str = "10.88.0.0/16", **env_extra: str):
         if os.geteuid() != 0:
             pytest.fail("end-to-end tests boot real sandboxes and must run as root")
         self.tmp = tmp
-        self.node = os.environ.get("SBX_FAULT_NODE", "faults")
+        self.node = os.environ.get(f"{prefix}_NODE", node)
         self.port = _free_port()
         self.env = {
             **os.environ,
             "SBX_PROFILE": "test",
             "SBX_STATE_DIR": str(tmp / "state"),
             "SBX_NODE_NAME": self.node,
-            "SBX_BRIDGE": os.environ.get("SBX_FAULT_BRIDGE", "sbxfault0"),
-            "SBX_SUBNET": os.environ.get("SBX_FAULT_SUBNET", "10.88.0.0/16"),
+            "SBX_BRIDGE": os.environ.get(f"{prefix}_BRIDGE", bridge),
+            "SBX_SUBNET": os.environ.get(f"{prefix}_SUBNET", subnet),
             "SBX_PORT": str(self.port),
             "SBX_PROXY_PORT": str(_free_port()),
             "SBX_AUTO_SNAPSHOT_SECONDS": "0",
@@ -81,6 +82,16 @@ class FaultServer:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+
+    def term(self, timeout: float = 180) -> int:
+        """SIGTERM the server and return its exit status (SIGKILL after ``timeout`` seconds: then -9)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
     def bundle(self, sid: str) -> Path:
         """The sandbox's OCI bundle folder on this node."""
