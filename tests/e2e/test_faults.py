@@ -213,3 +213,81 @@ def test_an_oom_kill_in_a_detached_job_is_counted(faults: FaultServer) -> None:
     ok(faults, "stop", sid, "--wait", timeout=300)
     assert info(faults, sid)["stats"]["oomKills"] == 1  # kept while stopped
     ok(faults, "delete", sid)
+
+
+TRANSIENT = {"provisioning", "stopping", "resuming", "forking", "deleting"}
+
+
+def _runc_running(fs: FaultServer, sid: str) -> bool:
+    r = subprocess.run(["runc", "--root", f"/run/sbx/{fs.node}/runc", "state", sid], capture_output=True, text=True)
+    return r.returncode == 0 and json.loads(r.stdout).get("status") == "running"
+
+
+def _check_host_agrees(fs: FaultServer) -> dict[str, str]:
+    """Every sandbox settles; the API's state agrees with runc, the root mount, the veth and the freeze state.
+    Returns ``{id: state}``."""
+    assert fs.srv is not None
+
+    def settled() -> dict[str, str] | None:
+        states = {sb["id"]: sb["state"] for sb in fs.srv.api("GET", "/v1/sandboxes")["sandboxes"]}  # type: ignore[union-attr]
+        return None if set(states.values()) & TRANSIENT else (states or {"-": "none"})
+
+    states = poll(settled, "every sandbox to settle", timeout=600, interval=1.0)
+    states.pop("-", None)
+    for sid, state in states.items():
+        host = _host_has(fs, sid)
+        if state == "running":
+            assert _runc_running(fs, sid) and host == {"mount": True, "veth": True}, (sid, state, host)
+            rootfs = fs.bundle(sid) / "rootfs"
+            thawed = subprocess.run(["fsfreeze", "-u", str(rootfs)], capture_output=True).returncode == 0
+            assert not thawed, f"{sid}'s root was left frozen"
+        else:
+            assert not _runc_running(fs, sid) and host == {"mount": False, "veth": False}, (sid, state, host)
+    return states
+
+
+def test_kill9_at_random_points_of_every_operation_leaves_a_true_state(faults: FaultServer) -> None:
+    """The server is SIGKILLed at a random delay into stop, resume, fork, snapshot, new and delete, again and again
+    (SBX_FAULT_ITERATIONS, 12 by default; the seed is printed); after each restart the API agrees with the host
+    and the first sandbox's synced file is intact."""
+    import random
+
+    seed = int(os.environ.get("SBX_FAULT_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    print(f"fault loop seed {seed}")
+    main = new(faults)
+    writes_work(faults, main, "precious")
+    for i in range(int(os.environ.get("SBX_FAULT_ITERATIONS", "12"))):
+        states = _check_host_agrees(faults)
+        state = states.get(main)
+        assert state in ("running", "stopped"), (main, state)
+        choices = [("stop", main, "--wait"), ("snapshot", main, f"loop-{i}"), ("fork", main, "--wait"),
+                   ("new", "--type", "small")]
+        choices.append(("resume", main, "--wait") if state == "stopped" else ("stop", main, "--wait", "--no-memory"))
+        others = [s for s in states if s != main]
+        if others:
+            choices.append(("delete", rng.choice(others), "--wait"))
+        op = rng.choice(choices)
+        delay = rng.uniform(0.05, 2.0)
+        print(f"iteration {i}: {' '.join(op)}, kill -9 after {delay:.2f} s")
+        client = in_background(faults, *op)
+        try:
+            client.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            pass
+        faults.kill9()
+        client.kill()
+        client.wait()
+        faults.start()
+        states = _check_host_agrees(faults)
+        if len(states) > 2:  # keep the node small: drop every sandbox but the first
+            for sid in states:
+                if sid != main:
+                    ok(faults, "delete", sid, "--wait")
+        for snap in json.loads(ok(faults, "snapshots", "--json"))["snapshots"]:
+            ok(faults, "snapshot-delete", snap["name"])
+    if info(faults, main)["state"] != "running":
+        ok(faults, "resume", main, "--wait", timeout=300)
+    assert ok(faults, "exec", main, "cat ~/precious").strip() == "precious"
+    for sid in _check_host_agrees(faults):
+        ok(faults, "delete", sid, "--wait")
