@@ -33,6 +33,7 @@ from sbx.node.types import (
     SandboxSpec,
     SnapshotInfo,
     Stats,
+    StopResult,
 )
 from tests.e2e.helpers import poll
 
@@ -62,6 +63,7 @@ class FakeNode:
         self.snaps: dict[str, tuple[SnapshotInfo, Path]] = {}
         self.calls: list[tuple[str, str, dict[str, object]]] = []
         self.cpu_mismatch = False
+        self.memory_save_error: str | None = None  # set: the next stops fail to save memory with this error
         self.prepared = False
         self.stats_calls = 0
         self._gates: dict[str, threading.Event] = {}
@@ -249,13 +251,17 @@ class FakeNode:
                 os.killpg(job.proc.pid, signal.SIGKILL)
                 job.proc.wait()
 
-    def stop(self, id: str, keep_memory: bool = True) -> bool:
+    def stop(self, id: str, keep_memory: bool = True) -> StopResult:
         self._enter("stop", id, keep_memory=keep_memory)
         box = self._box(id)
+        if keep_memory and self.memory_save_error:
+            keep_memory, error = False, self.memory_save_error
+        else:
+            error = None
         if not keep_memory:
             self._kill_jobs(box)
         box.status = "checkpointed" if keep_memory else "stopped"
-        return keep_memory
+        return StopResult(keep_memory, error)
 
     def resume(self, id: str, spec: SandboxSpec, *, cold: bool = False, require_memory: bool = False) -> ResumeResult:
         self._enter("resume", id, size=spec.size.name, cold=cold, require_memory=require_memory)
@@ -320,6 +326,12 @@ class FakeNode:
     def status(self, id: str) -> NodeStatus:
         box = self.boxes.get(id)
         return "absent" if box is None else box.status
+
+    def watch(self, on_exit) -> None:  # type: ignore[no-untyped-def]
+        self.on_exit = on_exit
+
+    def unwatch(self) -> None:
+        self.on_exit = None
 
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
         self.calls.append(("reconcile", "", {"known": dict(known)}))

@@ -39,9 +39,15 @@ def write_client_config(settings: Settings, token: str) -> None:
         tomli_w.dump(data, f)
 
 
-def _uvicorn_server(config: Any) -> Any:
+SHUTDOWN_GRACE = 10.0
+"""Seconds attached exec streams may still run after SIGTERM; then their commands are killed and each client gets
+the stream error ``server_shutdown``. Any other open stream is cut :data:`SHUTDOWN_GRACE` + 5 s after SIGTERM."""
+
+
+def _uvicorn_server(config: Any, on_exit: Any = None) -> Any:
     """A uvicorn server that, on SIGTERM/SIGINT, shuts down cleanly and exits with status 0 (stock uvicorn re-raises
-    the signal after shutdown, so the process would look killed to its supervisor)."""
+    the signal after shutdown, so the process would look killed to its supervisor). ``on_exit()`` is called on the
+    first signal (the node starts its exec grace period)."""
     import contextlib
     import signal
     from collections.abc import Iterator
@@ -49,6 +55,11 @@ def _uvicorn_server(config: Any) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if on_exit is not None and not self.should_exit:
+                on_exit()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -103,8 +114,11 @@ def server(
     app = create_app(settings, node, token=token, serve_proxy=True)
     err.print(f"sbx server on {settings.api_url}, hosted ports on {settings.host}:{settings.proxy_port} "
               f"(client config: {config_path()})", markup=False)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on")
-    _uvicorn_server(config).run()
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5)
+    _uvicorn_server(config, on_exit=lambda: node.begin_shutdown(SHUTDOWN_GRACE)).run()
+    if node.cleanup_host():
+        err.print(f"removed {settings.bridge}, the nftables table and /run/sbx/{settings.node_name}", markup=False)
 
 
 def setup() -> None:

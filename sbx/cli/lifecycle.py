@@ -75,9 +75,12 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_column(style="bold")
     table.add_column()
     for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
-                "ttl", "autoResume", "noSnapshots", "subdomain", "url", "createdAt", "updatedAt"):
+                "memorySaved", "stopReason", "stopError", "ttl", "autoResume", "noSnapshots", "subdomain", "url",
+                "createdAt", "updatedAt"):
         value = sb.get(key)
         table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
+    if sb.get("error"):
+        table.add_row("error", f"{sb['error']['code']}: {sb['error']['message']}")
     st = sb.get("stats") or {}
     table.add_row("memory", f"{st.get('memoryUsedMb', 0)} / {st.get('memoryTotalMb', 0)} MB")
     table.add_row("cpu", f"{st.get('cpuPercent', 0)} %")
@@ -95,13 +98,20 @@ def stop(
     no_memory: bool = typer.Option(False, "--no-memory", help="Do not save memory (the next resume cold-boots)."),
     json_: bool = JSON_OPT,
 ) -> None:
-    """Stop a sandbox, saving its memory so a resume brings its processes back."""
+    """Stop a sandbox, saving its memory so a resume brings its processes back.
+
+    With ``--wait``, a stop whose memory save failed still exits 0 (the sandbox did stop and its disk is kept) but
+    prints ``warning: memory was not saved: <reason>`` on stderr; ``--json`` shows ``memorySaved: false`` and
+    ``stopError``."""
     with client() as c, spinner(f"stopping {sandbox_id}", wait and not json_):
         sb = c.run(P.stop(sandbox_id, not no_memory, wait))
     if json_:
         print_json({"sandbox": sb})
         return
     out.print(_summary(sb), markup=False)
+    if sb.get("state") == "stopped" and not no_memory and sb.get("memorySaved") is False and sb.get("stopError"):
+        err.print(f"warning: memory was not saved: {sb['stopError']}\nThe next resume boots from the disk "
+                  "(files are kept; running processes are not).", markup=False)
     if sb.get("noSnapshots"):
         err.print(f"note: {sb['id']} was created with --no-snapshots: it cannot be resumed. Its disk stays until "
                   f"`sbx delete {sb['id']}`.", markup=False)

@@ -76,7 +76,7 @@ class Reaper:
             if row.ttl and self.control.activity.idle_for(row.id) >= row.ttl:
                 log.info("%s idle for %ss: stopping", row.id, row.ttl)
                 try:
-                    self.control.stop(row.id, keep_memory=True, wait=0)
+                    self.control.stop(row.id, keep_memory=True, wait=0, reason="idle")
                     self.control.add_event(row.id, {"event": "ttl", "id": row.id, "ttl": row.ttl})
                 except ControlError as e:
                     log.info("ttl stop of %s skipped: %s", row.id, e.message)

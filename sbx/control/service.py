@@ -202,8 +202,11 @@ class ControlPlane:
 
     def view(self, row: SandboxRow, stats: bool = True, space: bool = True) -> dict[str, Any]:
         """The API shape of a sandbox (the seed's fields): id, name, type, state, memoryGB, vcpus, diskGB,
-        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, labels,
-        stats.
+        memoryRestored, resumeReason, createdAt, updatedAt, subdomain, url, ttl, autoResume, noSnapshots, labels, stats,
+        and the last stop's ``memorySaved`` (bool, null before any stop), ``stopReason`` (``requested``, ``idle``,
+        ``poweroff``, ``crashed``...) and ``stopError`` (why a memory save failed, or a crash's detail), and
+        ``error`` (``{"code","message"}`` of the last failed operation, e.g. ``interrupted`` for a fork the server
+        was killed in; null otherwise).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -226,6 +229,10 @@ class ControlPlane:
             "autoResume": bool(row.auto_resume),
             "noSnapshots": bool(row.no_snapshots),
             "labels": dict(row.labels or {}),
+            "memorySaved": row.memory_saved,
+            "stopReason": row.stop_reason,
+            "stopError": row.stop_error,
+            "error": {"code": row.error_code, "message": row.error_message or ""} if row.error_code else None,
             "stats": _stats_view(self._stats(row, space) if stats else None),
         }
 
@@ -389,9 +396,14 @@ class ControlPlane:
         self._on_transition(row, "")
         return row
 
-    def stop(self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None) -> SandboxRow:
+    def stop(
+        self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None, reason: str = "requested"
+    ) -> SandboxRow:
         """Stop a running sandbox in the background, checkpointing its memory when ``keep_memory`` (and the
-        sandbox allows snapshots). A stopped sandbox is returned as is. Raises 404, 409 ``busy``/``invalid_state``."""
+        sandbox allows snapshots). A stopped sandbox is returned as is. The stopped row records ``memory_saved``,
+        ``stop_reason`` = ``reason`` (``requested``; the reaper passes ``idle``) and ``stop_error`` (why a memory
+        save that was asked for failed), and clears ``memory_restored`` (it described the run that ended).
+        Raises 404, 409 ``busy``/``invalid_state``."""
 
         def check(row: SandboxRow) -> ControlError | None:
             if row.state == "stopped":
@@ -407,8 +419,11 @@ class ControlPlane:
         memory = keep_memory and not before.no_snapshots
 
         def work() -> None:
-            wrote = self.node.stop(sandbox_id, keep_memory=memory)
-            self.lifecycle.transition(sandbox_id, "stopped", has_memory=bool(wrote))
+            result = self.node.stop(sandbox_id, keep_memory=memory)
+            self.lifecycle.transition(
+                sandbox_id, "stopped", has_memory=result.memory_saved, memory_saved=result.memory_saved,
+                stop_reason=reason, stop_error=result.error, memory_restored=None, resume_reason=None,
+            )
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
@@ -856,22 +871,65 @@ class ControlPlane:
                 continue
             target = {"running": "running", "checkpointed": "stopped", "stopped": "stopped"}.get(status)
             if target is None:
-                if row.state != "error":
+                if row.state in ("forking", "provisioning"):  # the node removed the half-made disk
+                    self.store.update_sandbox(
+                        row.id, state="error", error_code="interrupted",
+                        error_message="the server stopped before the sandbox's disk was complete; delete it "
+                                      "and create (or fork) again",
+                    )
+                    self._on_transition(self.store.get_sandbox(row.id) or row, row.state)
+                elif row.state != "error":
                     self.store.update_sandbox(
                         row.id, state="error", error_code="lost", error_message="the node has no trace of it"
                     )
                     self._on_transition(self.store.get_sandbox(row.id) or row, row.state)
                 continue
             if row.state != target:
-                updated = self.store.update_sandbox(row.id, state=target, has_memory=status == "checkpointed")
+                fields: dict[str, Any] = {"has_memory": status == "checkpointed"}
+                if target == "stopped":
+                    fields.update(memory_saved=status == "checkpointed", memory_restored=None, resume_reason=None,
+                                  stop_reason="requested" if row.state == "stopping" else "interrupted")
+                updated = self.store.update_sandbox(row.id, state=target, **fields)
                 self._on_transition(updated, row.state)
             if target == "running":
                 self.activity.touch(row.id)
+        self.node.watch(self._on_node_exit)
+
+    def _on_node_exit(self, sandbox_id: str, kind: str, detail: str | None) -> None:
+        """The node noticed that a running sandbox ended on its own (called from the node's watcher thread).
+        ``poweroff``/``crashed``: the sandbox is ``stopped`` with ``stopReason`` = kind (``stopError`` = the
+        crash's detail), disk kept, no memory. ``reboot``: it boots again from its disk and reports
+        ``resumeReason: "reboot"``. An ``exited`` event with the reason comes first."""
+        row = self.store.get_sandbox(sandbox_id)
+        if row is None or row.state != "running":
+            return
+        self.add_event(sandbox_id, {"event": "exited", "id": sandbox_id, "reason": kind, "detail": detail})
+        try:
+            row = self.lifecycle.transition(
+                sandbox_id, "stopped", has_memory=False, memory_saved=False, stop_reason=kind, stop_error=detail,
+                memory_restored=None, resume_reason=None,
+            )
+            if kind != "reboot":
+                return
+            row = self.lifecycle.transition(sandbox_id, "resuming")
+        except ControlError as e:  # an operation got there first
+            log.info("%s ended (%s) but is %s: %s", sandbox_id, kind, e.state, e.message)
+            return
+        spec = self._spec(row)
+
+        def work() -> None:
+            self.node.resume(sandbox_id, spec, cold=False)
+            self.activity.touch(sandbox_id)
+            self.lifecycle.transition(sandbox_id, "running", has_memory=False, memory_restored=False,
+                                      resume_reason="reboot")
+
+        self._submit(sandbox_id, work, self._fail(sandbox_id))
 
     def close(self) -> None:
         """Finish operations in flight and release the database."""
         if self._closed:
             return
         self._closed = True
+        self.node.unwatch()
         self._pool.shutdown(wait=True)
         self.store.close()

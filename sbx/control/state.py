@@ -47,7 +47,7 @@ STABLE = frozenset(STATES) - TRANSIENT
 TRANSITIONS: dict[str, frozenset[str]] = {
     "forking": frozenset({"provisioning", "error"}),
     "provisioning": frozenset({"running", "error"}),
-    "running": frozenset({"stopping", "deleting", "error"}),
+    "running": frozenset({"stopping", "deleting", "error", "stopped"}),
     "stopping": frozenset({"stopped", "error"}),
     "stopped": frozenset({"resuming", "deleting", "error"}),
     "resuming": frozenset({"running", "stopped", "error"}),
@@ -57,7 +57,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 """``TRANSITIONS[a]`` is the set of states ``a`` may move to. ``resuming -> stopped`` is a resume that was refused
 by the node (e.g. no memory image with ``require_memory``): nothing ran, the sandbox is as before. The ``error``
-exits to running/stopped/deleted are used when the server reconciles with what the node reports at start."""
+exits to running/stopped/deleted are used when the server reconciles with what the node reports at start.
+``running -> stopped`` is a power-off/halt/reboot inside or a crash the node noticed (after a reboot the sandbox
+goes on to ``resuming`` at once)."""
 
 DEFAULT_WAIT = 30.0
 

@@ -58,7 +58,9 @@ class Base(DeclarativeBase):
 class SandboxRow(Base):
     """One sandbox. ``state`` is one of :data:`sbx.control.state.STATES`; ``ttl`` is seconds of inactivity before
     an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image; ``auto_resume``: a request
-    on one of its hosted ports resumes it when stopped; ``labels`` string metadata for list filters."""
+    on one of its hosted ports resumes it when stopped; ``labels`` string metadata for list filters;
+    ``memory_saved``/``stop_reason``/``stop_error`` describe the last stop (whether memory was written, why it
+    stopped, what failed)."""
 
     __tablename__ = "sandboxes"
 
@@ -75,6 +77,9 @@ class SandboxRow(Base):
     resume_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     has_memory: Mapped[bool] = mapped_column(Boolean, default=False)
     auto_resume: Mapped[bool] = mapped_column(Boolean, default=False)
+    memory_saved: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    stop_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     source_id: Mapped[str | None] = mapped_column(String(16), nullable=True)
     from_snapshot: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, lxcfs, network
+from sbx.node import cgroup, guestfs, lxcfs, network, recovery, watch
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -50,6 +50,7 @@ from sbx.node.types import (
     SandboxSpec,
     SnapshotInfo,
     Stats,
+    StopResult,
 )
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
@@ -103,6 +104,11 @@ class LocalNode:
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
+        self._watcher: watch.Watcher | None = None
+        self._on_exit: Callable[[str, str, str | None], None] | None = None
+        self._kernel_ooms = watch.KernelOoms()
+        self._shutdown_at: float | None = None  # monotonic time attached execs are ended at (server shutdown)
+        self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
         self._cpu_samples: dict[str, tuple[float, int]] = {}
 
     # ----------------------------------------------------------------- setup
@@ -272,6 +278,7 @@ class LocalNode:
         self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
         self._mount(sid)
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
+        self._write_shutdown_hook(sid)
         bundle = self._write_bundle(sid, rec, size)
         self._set_phase(sid, "booting")
         try:
@@ -379,6 +386,8 @@ class LocalNode:
         try:
             open_streams = 2
             while open_streams:
+                if self._shutdown_at is not None and time.monotonic() >= self._shutdown_at:
+                    raise NodeError("server_shutdown", "the server is shutting down; the command was ended")
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if deadline is not None and wait == 0.0:
                     if kill_process_group(pid_file):
@@ -388,11 +397,10 @@ class LocalNode:
                         deadline = None
                         continue
                     deadline, wait = time.monotonic() + 0.01, 0.01
-                if stop is not None:  # the caller went away: checked at least twice a second, then killed below
-                    if stop():
-                        return
-                    wait = 0.5 if wait is None else min(wait, 0.5)
-                for key, _ in sel.select(wait):
+                if stop is not None and stop():  # the caller went away: the command is killed below
+                    return
+                # wake at least twice a second to notice a caller gone or a server shutdown (:meth:`begin_shutdown`)
+                for key, _ in sel.select(0.5 if wait is None else min(wait, 0.5)):
                     chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if not chunk:
                         sel.unregister(key.fileobj)
@@ -534,32 +542,44 @@ class LocalNode:
 
     # ----------------------------------------------------------------- stop / resume
 
-    def stop(self, id: str, keep_memory: bool = True) -> bool:
+    def stop(self, id: str, keep_memory: bool = True) -> StopResult:
+        """Checkpoint (``keep_memory``) or halt the container, then unmount and seal the disk.
+
+        Crash safety: the record gets phase ``stopping`` and a bumped ``diskGen`` (the generation this stop
+        seals, which the memory image records; :mod:`sbx.node.recovery`) before CRIU starts, and ``haltBegun``
+        before a halt starts, so reconcile never checkpoints a container that is half shut down."""
         with self._lock(id):
             rec = self._record(id)
             state = self.runtime.state(id)
             if state is None:
                 self._umount(id)
-                self._set_phase(id, rec["phase"] if rec["phase"] == "checkpointed" else "stopped")
-                return rec["phase"] == "checkpointed"
+                saved = rec["phase"] == "checkpointed" and self._memory_usable(id)
+                self._set_phase(id, "checkpointed" if saved else "stopped")
+                return StopResult(saved, None if saved or not keep_memory else "the sandbox was not running")
             rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(id))
             # No CRIU log may be left from earlier: reconcile reads its presence as "CRIU touched this stop".
             remove_tree(self._dir(id) / "criu-work")
             rec["phase"] = "stopping"
             rec["stopKeepMemory"] = keep_memory
+            rec["haltBegun"] = False
+            rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
             self._save(id, rec)
             saved = False
+            error: str | None = None
             if keep_memory:
                 mem = self._memory(id)
                 try:
                     self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work")
+                    recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
                     saved = True
                 except RuntimeError_ as e:
                     log.warning("checkpoint of %s failed, stopping without memory: %s", id, e.detail)
+                    error = e.detail
                     self._discard_memory(id)
                     self._set_phase(id, "stopping", lastError=e.detail)
             if not saved:
+                self._set_phase(id, "stopping", haltBegun=True)
                 self._halt(id)
             self._cleanup_container(id)
             self._umount(id)
@@ -568,7 +588,26 @@ class LocalNode:
                 self._set_phase(id, "checkpointed", lastError=None)
             else:
                 self._set_phase(id, "stopped")
-            return saved
+            return StopResult(saved, error)
+
+    def _memory_usable(self, sid: str) -> bool:
+        """True when the sandbox has a complete memory image (``host.json`` written) of its disk's current
+        generation (:mod:`sbx.node.recovery`)."""
+        mem = self._memory(sid)
+        if criu.read_fingerprint(mem) is None:
+            return False
+        try:
+            gen = int(self._record(sid).get("diskGen", 0))
+        except NodeError:
+            return False
+        return recovery.memory_generation(mem) == gen
+
+    def _begin_start(self, sid: str) -> None:
+        """Mark that the disk moves on from its sealed state (a resume starts): bump ``diskGen``, so the memory
+        image no longer matches and can never be restored again once this start has begun."""
+        rec = self._record(sid)
+        rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
+        self._save(sid, rec)
 
     def _halt(self, sid: str, grace: float = 10.0) -> None:
         """Ask systemd to halt (SIGRTMIN+3), then SIGKILL after ``grace`` seconds."""
@@ -604,6 +643,11 @@ class LocalNode:
                 reason = "resized" if resized else "cold"
             elif recorded is None:
                 reason = "no_checkpoint"
+            elif not self._memory_usable(id):
+                reason = "stale_checkpoint"
+                if require_memory:
+                    self._discard_memory(id)
+                    self._set_phase(id, "stopped")
             else:
                 wait = self.settings.require_memory_wait if require_memory else 0.0
                 diff = self._host_mismatch(mem, wait)
@@ -626,6 +670,7 @@ class LocalNode:
                         log.warning("restore of %s failed, cold booting: %s", id, e.message)
             if require_memory:  # nothing was restored: refuse rather than boot from disk
                 raise NodeError("no_checkpoint", f"memory can't be restored ({reason}); the sandbox stays stopped")
+            self._begin_start(id)
             if resized or cold:
                 try:
                     disks.grow(self._disk(id), spec.size.disk_mib)
@@ -650,6 +695,7 @@ class LocalNode:
             time.sleep(min(2.0, left))
 
     def _restore(self, sid: str, size: Size) -> None:
+        self._begin_start(sid)  # from here on the image is stale: an interrupted restore never repeats
         rec = self._record(sid)
         self._cleanup_container(sid)
         self._mount(sid)
@@ -671,9 +717,8 @@ class LocalNode:
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id)
             with self._lock(source_id):
-                mp = disks.mounted_at(self._disk(source_id))
                 try:
-                    disks.clone_disk(self._disk(source_id), self._disk(spec.id), mountpoint=mp)
+                    self._clone_live(source_id, self._disk(spec.id))
                 except StorageError as e:
                     raise NodeError("fork_failed", str(e)) from e
             if spec.size.disk_mib > self._disk_mib(spec.id):
@@ -683,6 +728,23 @@ class LocalNode:
                     raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
             self._set_phase(spec.id, "stopped")
             self._boot(spec.id, spec.size, fresh_identity=True)
+
+    def _clone_live(self, sid: str, dst: Path) -> None:
+        """Reflink-copy the sandbox's disk to ``dst``, freezing its filesystem for the copy when it is mounted.
+        A ``freezing`` intent (the mount point) is in the record while it may be frozen, so a reconcile after a
+        crash in that window thaws it (:mod:`sbx.node.recovery`). Raises ``StorageError``."""
+        mp = disks.mounted_at(self._disk(sid))
+        if mp is not None:
+            rec = self._record(sid)
+            rec["freezing"] = str(mp)
+            self._save(sid, rec)
+        try:
+            disks.clone_disk(self._disk(sid), dst, mountpoint=mp)
+        finally:
+            if mp is not None:
+                rec = self._record(sid)
+                rec.pop("freezing", None)
+                self._save(sid, rec)
 
     def _disk_mib(self, sid: str) -> int:
         return self._disk(sid).stat().st_size // (1024 * 1024)
@@ -698,10 +760,9 @@ class LocalNode:
             raise NodeError("snapshot_exists", f"snapshot {name!r} already exists")
         with self._lock(id):
             self._record(id)
-            mp = disks.mounted_at(self._disk(id))
             tmp = path.with_suffix(".tmp")
             try:
-                disks.clone_disk(self._disk(id), tmp, mountpoint=mp)
+                self._clone_live(id, tmp)
             except StorageError as e:
                 raise NodeError("snapshot_failed", str(e)) from e
             os.chmod(tmp, 0o444)
@@ -778,8 +839,9 @@ class LocalNode:
         else:
             disk = self._disk(id)
             alloc, unique = (_allocated(disk), 0)
+        ooms = rec.get("oomKills", 0) + rec.get("oomKillsNested", 0) + self._nested_ooms.get(id, 0)
         if self.runtime.state(id) != "running":
-            return Stats(0, 0, 0.0, 0, rec.get("oomKills", 0), alloc, unique)
+            return Stats(0, 0, 0.0, 0, ooms, alloc, unique)
         s = cgroup.sample(self._cgroup_path(id), previous=self._cpu_samples.get(id))
         self._cpu_samples[id] = s.cpu_mark
         st = os.statvfs(self._rootfs(id))
@@ -789,7 +851,7 @@ class LocalNode:
             memory_used_mb=s.memory_used >> 20,
             cpu_percent=s.cpu_percent,
             disk_used_mb=used >> 20,
-            oom_kills=rec.get("oomKills", 0) + s.oom_kills,
+            oom_kills=ooms + s.oom_kills,
             disk_allocated_bytes=alloc,
             disk_unique_bytes=unique,
         )
@@ -799,7 +861,7 @@ class LocalNode:
             return "absent"
         if self.runtime.state(id) == "running":
             return "running"
-        return "checkpointed" if criu.read_fingerprint(self._memory(id)) else "stopped"
+        return "checkpointed" if self._memory_usable(id) else "stopped"
 
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
         """Bring every sandbox on this node to a consistent state after a (possibly crashed) start:
@@ -815,10 +877,12 @@ class LocalNode:
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
         result: dict[str, NodeStatus] = {}
+        self._thaw_all()  # first: a frozen root blocks CRIU, unmounts and the container's own shutdown
         # A node that died mid-operation leaves its runc commands running (they have sessions of their own):
         # stop them before looking at what they were working on.
         if self.runtime.kill_orphans():
             time.sleep(0.2)
+        self._kill_leftover_execs()
         for cid in self.runtime.list():
             if cid not in known:
                 self.runtime.delete(cid)
@@ -836,25 +900,62 @@ class LocalNode:
                     result[sid] = "absent"
                     continue
                 rec = self._record(sid)
+                if self._half_made(sid, rec):
+                    log.warning("%s was interrupted before its disk was complete: removing it", sid)
+                    self.delete(sid)
+                    result[sid] = "absent"
+                    continue
                 running = self.runtime.state(sid) == "running"
                 if rec["phase"] == "stopping":
                     untouched = not (self._dir(sid) / "criu-work" / "dump.log").exists()
                     if running and untouched:
-                        saved = self.stop(sid, keep_memory=rec.get("stopKeepMemory", True))
+                        keep = rec.get("stopKeepMemory", True) and not rec.get("haltBegun", False)
+                        saved = self.stop(sid, keep_memory=keep).memory_saved
                         result[sid] = "checkpointed" if saved else "stopped"
                         continue
                 elif running:
+                    self._discard_memory(sid)  # whatever image is left, the disk has moved on since
                     self._set_phase(sid, "running")
                     result[sid] = "running"
                     continue
                 self._cleanup_container(sid)
                 self._umount(sid)
-                mem_ok = criu.read_fingerprint(self._memory(sid)) is not None
+                mem_ok = self._memory_usable(sid)
                 if not mem_ok:
                     self._discard_memory(sid)
                 self._set_phase(sid, "checkpointed" if mem_ok else "stopped")
                 result[sid] = "checkpointed" if mem_ok else "stopped"
         return result
+
+    def _thaw_all(self) -> None:
+        """Thaw every mounted sandbox root and any recorded ``freezing`` mount point ("not frozen" is ignored),
+        drop the ``freezing`` intents, and remove half-written snapshot copies (``snapshots/*.tmp``)."""
+        if not self.sandboxes_dir.is_dir():
+            return
+        for d in self.sandboxes_dir.iterdir():
+            points: set[str] = set()
+            mp = disks.mounted_at(d / "disk.ext4")
+            if mp is not None:
+                points.add(str(mp))
+            try:
+                rec = json.loads((d / "node.json").read_text())
+            except (OSError, ValueError):
+                rec = None
+            if rec and rec.get("freezing"):
+                points.add(str(rec["freezing"]))
+            for point in sorted(points):
+                if recovery.thaw(point):
+                    log.warning("%s: thawed its root filesystem at %s (left frozen by a crash)", d.name, point)
+            if rec and "freezing" in rec:
+                rec.pop("freezing")
+                self._save(d.name, rec)
+        for tmp in self.snapshots_dir.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+    def _half_made(self, sid: str, rec: dict[str, Any]) -> bool:
+        """True for a sandbox whose disk was never completed: a create or fork interrupted while its record was
+        still ``creating``, or any record whose disk is missing."""
+        return rec.get("phase") == "creating" or not self._disk(sid).is_file()
 
     def _owns_veth(self, veth: str) -> bool:
         """True if ``veth`` is a port of this node's bridge (so another node's sandboxes are left alone)."""
@@ -863,6 +964,142 @@ class LocalNode:
             return p.resolve().name == self.settings.bridge
         except OSError:
             return False
+
+    # ----------------------------------------------------------------- watching running sandboxes (sbx.node.watch)
+
+    def _write_shutdown_hook(self, sid: str) -> None:
+        """Install the guest's shutdown hook (it tells a reboot from a power-off) and clear the last word."""
+        root = self._rootfs(sid)
+        guestfs.write_file(root, watch.HOOK_PATH, watch.HOOK_SCRIPT.encode(), mode=0o755)
+        guestfs.write_file(root, watch.KIND_FILE, b"")
+
+    def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
+        """Start noticing running sandboxes whose init ended on its own (checked about once a second, see
+        :mod:`sbx.node.watch`). For each, the node removes the container, its veth and cgroups, unmounts the disk
+        (kept, no memory image) and calls ``on_exit(id, kind, detail)`` with ``kind`` ``"poweroff"`` (power-off
+        or halt inside), ``"reboot"`` (reboot inside: the caller should boot it again) or ``"crashed"`` (init
+        killed or died; ``detail`` says so). Idempotent; :meth:`unwatch` stops it."""
+        self._on_exit = on_exit
+        if self._watcher is None:
+            self._kernel_ooms.open()
+            self._watcher = watch.Watcher(self._watch_pass)
+            self._watcher.start()
+
+    def unwatch(self) -> None:
+        """Stop the watcher thread (at shutdown)."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+            self._kernel_ooms.close()
+
+    def _count_nested_ooms(self) -> None:
+        """Add OOM kills the kernel logged in a sandbox's child cgroups (its own cgroup's kills are in its
+        ``memory.oom_control`` counter already) to the sandbox's count, saved in ``node.json`` (``oomKillsNested``)
+        as soon as no operation holds the sandbox."""
+        prefix = f"/sbx/{self.settings.node_name}/"
+        for memcg in self._kernel_ooms.read():
+            if memcg.startswith(prefix):
+                sid, _, below = memcg.removeprefix(prefix).partition("/")
+                if below:
+                    self._nested_ooms[sid] = self._nested_ooms.get(sid, 0) + 1
+        for sid, n in list(self._nested_ooms.items()):
+            lock = self._lock(sid)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                rec = self._record(sid)
+                rec["oomKillsNested"] = rec.get("oomKillsNested", 0) + n
+                self._save(sid, rec)
+            except NodeError:
+                pass
+            finally:
+                lock.release()
+            self._nested_ooms.pop(sid, None)
+
+    def _watch_pass(self) -> None:
+        if not self.sandboxes_dir.is_dir():
+            return
+        self._count_nested_ooms()
+        for d in sorted(self.sandboxes_dir.iterdir()):
+            try:
+                if json.loads((d / "node.json").read_text()).get("phase") != "running":
+                    continue
+            except (OSError, ValueError):
+                continue
+            if watch.init_alive(self.run_dir / "runc" / d.name / "state.json"):
+                continue
+            lock = self._lock(d.name)
+            if not lock.acquire(blocking=False):  # an operation is working on it: it decides
+                continue
+            try:
+                ended = self._settle_ended(d.name)
+            finally:
+                lock.release()
+            if ended is not None and self._on_exit is not None:
+                self._on_exit(d.name, *ended)
+
+    def _settle_ended(self, sid: str) -> tuple[str, str | None] | None:
+        """With the sandbox's lock held: if its init really ended, clean up and return ``(kind, detail)``."""
+        try:
+            rec = self._record(sid)
+        except NodeError:
+            return None
+        if rec.get("phase") != "running" or watch.init_alive(self.run_dir / "runc" / sid / "state.json"):
+            return None
+        try:
+            word = guestfs.read_file(self._rootfs(sid), watch.KIND_FILE, limit=64).decode(errors="replace")
+        except (OSError, guestfs.UnsafePath):
+            word = ""
+        kind = watch.exit_kind(word)
+        detail = None if kind != "crashed" else "the sandbox's init ended without a shutdown (killed or crashed)"
+        log.warning("%s ended on its own: %s", sid, kind)
+        rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(sid))
+        rec["phase"] = "stopping"
+        rec["haltBegun"] = True
+        rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
+        self._save(sid, rec)
+        self._cleanup_container(sid)
+        self._umount(sid)
+        self._discard_memory(sid)
+        self._seal(sid)
+        self._set_phase(sid, "stopped", stopReason=kind, lastError=detail)
+        return kind, detail
+
+    # ----------------------------------------------------------------- server shutdown and leftovers
+
+    def begin_shutdown(self, grace: float) -> None:
+        """The server is going away: attached execs still running after ``grace`` seconds are killed and their
+        streams end with ``NodeError("server_shutdown")`` (the API sends it as the stream's error line)."""
+        self._shutdown_at = time.monotonic() + grace
+
+    def cleanup_host(self) -> bool:
+        """After the server stopped: when no sandbox container of this node runs any more, remove the bridge,
+        the node's nftables table, ``/run/sbx/<node>`` and the node's cgroup folders. Returns True when it did
+        (with sandboxes still running, everything stays: they need it)."""
+        if any(self.runtime.state(cid) == "running" for cid in self.runtime.list()):
+            return False
+        network.remove_bridge(self.settings.bridge, self.settings.node_name)
+        for d in self.sandboxes_dir.glob("*") if self.sandboxes_dir.is_dir() else []:
+            self._umount(d.name, wait=5.0)
+        cgroup.remove_tree(f"/sbx/{self.settings.node_name}")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return True
+
+    def _kill_leftover_execs(self) -> None:
+        """Kill commands that attached execs of a killed server left running (their ``exec-*.pid`` files are
+        still in the bundles): nobody can read their output any more. A pid is killed only while it is still in
+        that sandbox's cgroup (never a reused pid)."""
+        for pid_file in (self.run_dir / "bundles").glob("*/exec-*.pid"):
+            sid = pid_file.parent.name
+            try:
+                pid = int(pid_file.read_text().strip())
+                in_sandbox = self._cgroup_path(sid) in Path(f"/proc/{pid}/cgroup").read_text()
+            except (OSError, ValueError):
+                in_sandbox = False
+            if in_sandbox:
+                log.warning("%s: killing exec pid %d left running by a killed server", sid, pid)
+                kill_process_group(pid_file)
+            pid_file.unlink(missing_ok=True)
 
     # ----------------------------------------------------------------- helpers for tests and tools
 

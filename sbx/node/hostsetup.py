@@ -37,7 +37,7 @@ from typing import Any
 
 from sbx.config import Settings
 from sbx.node import image as image_mod
-from sbx.node import lxcfs
+from sbx.node import limits, lxcfs
 from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
 
@@ -341,7 +341,9 @@ def setup_host(settings: Settings, progress: Progress | None = None) -> Path:
     """Prepare this host for sandboxes; safe to run again (each step skips what is already done).
 
     Steps: host packages, CRIU from sid (:func:`install_criu`), the reflink XFS volume
-    (:func:`sbx.storage.volume.ensure_volume`), the base image (:func:`sbx.node.image.ensure_image`).
+    (:func:`sbx.storage.volume.ensure_volume`), kernel limits (:func:`sbx.node.limits.apply`: inotify, pids,
+    conntrack, written to ``/etc/sysctl.d/60-sbx.conf``; keys it can't raise are reported), the base image
+    (:func:`sbx.node.image.ensure_image`).
     Returns the base image path. Needs root and network access to the host's Debian mirror. Raises
     :class:`HostSetupError`, :class:`sbx.node.image.ImageError` or the storage layer's error.
     """
@@ -352,6 +354,10 @@ def setup_host(settings: Settings, progress: Progress | None = None) -> Path:
 
     say(f"Data volume: {settings.volume}")
     ensure_volume(settings)
+    for lim in limits.apply():
+        if lim.error:
+            say(f"Kernel limit {lim.key}: {lim.current} (wanted >= {lim.wanted}): {lim.error}")
+    say(f"Kernel limits: {limits.SYSCTL_FILE}")
     return image_mod.ensure_image(settings, say)
 
 
@@ -389,7 +395,8 @@ def _check_volume(settings: Settings) -> Check:
 
 def doctor(settings: Settings) -> list[Check]:
     """Check the host: runc, the CRIU wrapper and its version, ``criu check``, mmdebstrap, the data volume,
-    the base image, the cgroup v1 memory controller, the kernel, user namespaces and IPv4 forwarding. Never
+    the base image, the cgroup v1 memory controller, the kernel, user namespaces, IPv4 forwarding and the kernel
+    limits of :mod:`sbx.node.limits` (one ``sysctl <key>`` check each). Never
     raises; each :class:`Check` says what was found and how to fix it."""
     checks: list[Check] = []
     setup_fix = "run `sbx setup`"
@@ -469,6 +476,10 @@ def doctor(settings: Settings) -> list[Check]:
     checks.append(Check("ip forwarding", ok, detail, "" if ok else "run as root; allow net.ipv4.ip_forward=1"))
 
     checks.append(_check_lxcfs())
+    for lim in limits.read():
+        shown = "absent" if lim.current is None else str(lim.current)
+        checks.append(Check(f"sysctl {lim.key}", lim.ok, f"{shown} (wanted >= {lim.wanted})",
+                            "" if lim.ok else f"run `sbx setup` (writes {limits.SYSCTL_FILE})"))
     return checks
 
 

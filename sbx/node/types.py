@@ -49,12 +49,23 @@ class ResumeResult:
     """Outcome of :meth:`NodeAgent.resume`.
 
     ``memory_restored`` is True when CRIU restored the processes; otherwise the sandbox cold-booted from its
-    disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``);
+    disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``,
+    ``"stale_checkpoint"``: the image belongs to an older disk generation, see :mod:`sbx.node.recovery`);
     ``error`` keeps the restore error text when there was one.
     """
 
     memory_restored: bool
     reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class StopResult:
+    """Outcome of :meth:`NodeAgent.stop`: ``memory_saved`` is True when a complete memory image was written;
+    ``error`` keeps why a requested memory save failed (CRIU's message), None when it succeeded or was not
+    asked for."""
+
+    memory_saved: bool
     error: str | None = None
 
 
@@ -85,7 +96,8 @@ class JobInfo:
 class Stats:
     """A fresh sample of a sandbox's use: memory limit and use (MiB), CPU use since the last sample
     (percent of one CPU), disk used inside the sandbox (MiB, from statfs of its root), OOM kills counted by
-    its memory cgroup, and disk bytes allocated on the volume / unique to this sandbox."""
+    its memory cgroup and its child cgroups (services, jobs; from the kernel log), and disk bytes allocated on
+    the volume / unique to this sandbox."""
 
     memory_total_mb: int
     memory_used_mb: int
@@ -156,9 +168,10 @@ class NodeAgent(Protocol):
         """Bytes of a job's ``stream`` (``stdout``/``stderr``) from byte ``offset``."""
         ...
 
-    def stop(self, id: str, keep_memory: bool = True) -> bool:
-        """Stop the sandbox. With ``keep_memory`` checkpoint it with CRIU first; returns True when a memory
-        image was written. Always seals a disk checkpoint. Never loses the disk."""
+    def stop(self, id: str, keep_memory: bool = True) -> StopResult:
+        """Stop the sandbox. With ``keep_memory`` checkpoint it with CRIU first; the result says whether a memory
+        image was written and, if a save was asked for and failed, why. Always seals a disk checkpoint. Never
+        loses the disk."""
         ...
 
     def resume(self, id: str, spec: SandboxSpec, *, cold: bool = False, require_memory: bool = False) -> ResumeResult:
@@ -212,7 +225,18 @@ class NodeAgent(Protocol):
         """The sandbox's IPv4 address on the node's bridge, where its listening ports answer."""
         ...
 
+    def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
+        """Start calling ``on_exit(id, kind, detail)`` (from a node thread) for each running sandbox whose init
+        ended on its own, after the node cleaned it up (disk kept, no memory): ``kind`` is ``"poweroff"``,
+        ``"reboot"`` or ``"crashed"``."""
+        ...
+
+    def unwatch(self) -> None:
+        """Stop watching (at shutdown)."""
+        ...
+
     def reconcile(self, known: dict[str, str]) -> dict[str, NodeStatus]:
         """On start: given the control plane's ``{id: state}``, remove orphans (containers, mounts, loop
-        devices, veths of unknown ids) and return what is actually there for each known id."""
+        devices, veths of unknown ids), thaw frozen roots, remove half-made sandboxes (a fork or create killed
+        before its disk was complete: reported ``absent``) and return what is actually there for each known id."""
         ...

@@ -179,7 +179,14 @@ class RuncRuntime:
             if any(argv[i:i + 2] == marker for i in range(len(argv) - 1)):
                 pid = int(proc.name)
                 try:
-                    os.killpg(os.getpgid(pid), _signal.SIGKILL)
+                    pgid = os.getpgid(pid)
+                    # Its own group (a checkpoint and its CRIU): kill the group. A `runc exec` shares the group of
+                    # the server that started it, which may also hold the server's parent (a shell, a test
+                    # runner): kill only that process then.
+                    if pgid == pid and pgid != os.getpgrp():
+                        os.killpg(pgid, _signal.SIGKILL)
+                    else:
+                        os.kill(pid, _signal.SIGKILL)
                     killed += 1
                 except OSError:
                     pass

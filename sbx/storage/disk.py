@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -276,9 +277,29 @@ def frozen(mountpoint: PathLike) -> Iterator[None]:
     """Freeze ``mountpoint`` for the ``with`` block and always thaw it afterwards, even on error."""
     freeze(mountpoint)
     try:
+        _test_hold(mountpoint)
         yield
     finally:
         thaw(mountpoint)
+
+
+TEST_HOLD_ENV = "SBX_TEST_HOLD_FROZEN"
+"""Test-only: seconds :func:`frozen` keeps a filesystem frozen before its body runs, with a marker file
+``<mountpoint>.frozen-hold`` present meanwhile, so fault tests can kill the server in that window every time.
+Unset (the default) in production."""
+
+
+def _test_hold(mountpoint: PathLike) -> None:
+    try:
+        hold = float(os.environ.get(TEST_HOLD_ENV) or 0)
+    except ValueError:
+        hold = 0.0
+    if hold <= 0:
+        return
+    marker = Path(f"{mountpoint}.frozen-hold")
+    marker.write_text(str(mountpoint))
+    time.sleep(hold)
+    marker.unlink(missing_ok=True)
 
 
 def _consistent_clone(src: Path, dst: PathLike, mountpoint: PathLike | None, mode: int) -> Path:

@@ -17,7 +17,7 @@ def test_migrations_create_the_schema_and_reopen_cleanly(tmp_path: Path) -> None
     s = Store(url)
     assert {"sandboxes", "snapshots", "events", "routes", "alembic_version"} <= set(inspect(s.engine).get_table_names())
     with s.engine.connect() as c:
-        assert c.execute(text("select version_num from alembic_version")).scalar() == "0003_labels"
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0004_fault_fields"
     assert "labels" in {col["name"] for col in inspect(s.engine).get_columns("sandboxes")}
     s.add_event("sb_x", {"event": "state"})
     s.close()

@@ -112,6 +112,10 @@ def test_doctor_reports_every_check(tmp_path: Path) -> None:
         "user namespaces",
         "ip forwarding",
         "lxcfs",
+        "sysctl fs.inotify.max_user_instances",
+        "sysctl fs.inotify.max_user_watches",
+        "sysctl kernel.pid_max",
+        "sysctl net.netfilter.nf_conntrack_max",
     ]
     by_name = {c.name: c for c in checks}
     assert all(isinstance(c, Check) and c.detail for c in checks)

@@ -1,0 +1,51 @@
+"""Crash-safety pieces of the node agent: thawing a frozen sandbox root, memory image generations.
+
+A server killed while a sandbox's root filesystem is frozen (``fsfreeze -f`` for the reflink copy of a fork or a
+snapshot) leaves it frozen: every write inside hangs in D state until someone runs ``fsfreeze -u``. The node
+records a ``freezing`` intent (the mount point) in ``node.json`` before it freezes, and reconcile thaws every
+mounted sandbox root with :func:`thaw` before it touches anything else (a frozen disk blocks unmount, CRIU and
+the container's shutdown).
+
+Memory images carry the **generation** of the disk they belong to (``memory/generation``, an integer). The
+record's ``diskGen`` is bumped when a stop starts (the state it seals) and again when a resume starts (the disk
+moves on from there), so an image restores only over the exact disk state it was taken with: an interrupted
+resume, a cold boot or any other start in between makes it stale, and it is discarded instead of restored
+(``resumeReason: "stale_checkpoint"``). Images written before generations existed count as generation 0, as do
+records without ``diskGen``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+GENERATION_FILE = "generation"
+
+
+def thaw(mountpoint: Path | str) -> bool:
+    """``fsfreeze -u`` the filesystem at ``mountpoint``. Returns True when it was frozen (and now is not), False
+    when it was not frozen or nothing is mounted there (``fsfreeze`` then fails with EINVAL; ignored). Never
+    raises for a missing ``fsfreeze`` either (returns False)."""
+    try:
+        p = subprocess.run(["fsfreeze", "-u", str(mountpoint)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
+def memory_generation(memory_dir: Path) -> int:
+    """The disk generation a memory image was taken at (0 for an image without a generation file)."""
+    try:
+        return int((memory_dir / GENERATION_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def write_memory_generation(memory_dir: Path, generation: int) -> None:
+    """Record ``generation`` in the image folder (written and fsync'd before the image is marked complete)."""
+    path = memory_dir / GENERATION_FILE
+    with open(path, "w") as f:
+        f.write(f"{generation}\n")
+        f.flush()
+        os.fsync(f.fileno())
