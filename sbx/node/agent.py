@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, lxcfs, network
+from sbx.node import cgroup, egress, guestfs, lxcfs, network
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -122,7 +122,8 @@ class LocalNode:
             d.mkdir(parents=True, exist_ok=True)
         lxcfs.ensure_lxcfs()
         say("network")
-        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name)
+        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name,
+                              egress.egress_policy(self.settings.egress_allow))
 
     @property
     def image(self) -> Path:
@@ -219,7 +220,8 @@ class LocalNode:
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
-            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
+            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge,
+                       self.settings.node_name],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
@@ -315,7 +317,7 @@ class LocalNode:
             cgroup.kill_all(self._cgroup_path(sid))
             time.sleep(0.05)
         try:
-            network.unwire_sandbox(self._lease(sid))
+            network.unwire_sandbox(self._lease(sid), self.settings.bridge, self.settings.node_name)
         except NodeError:
             pass
         cgroup.remove_tree(self._cgroup_path(sid))
@@ -823,6 +825,8 @@ class LocalNode:
                     self._discard_memory(sid)
                 self._set_phase(sid, "checkpointed" if mem_ok else "stopped")
                 result[sid] = "checkpointed" if mem_ok else "stopped"
+        live = [self._lease(sid) for sid, st in result.items() if st == "running"]
+        network.sync_pins(self.settings.bridge, self.settings.node_name, live)
         return result
 
     def _owns_veth(self, veth: str) -> bool:
@@ -851,14 +855,7 @@ def _allocated(disk: Path) -> int:
 
 
 def _resolv_conf() -> str:
-    """Nameservers for sandboxes: the host's, minus loopback ones (a sandbox can't reach the host's own
-    services)."""
-    servers = []
-    try:
-        for line in Path("/etc/resolv.conf").read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] == "nameserver" and not parts[1].startswith(("127.", "::1")):
-                servers.append(parts[1])
-    except OSError:
-        pass
+    """Nameservers for sandboxes: the host's IPv4 ones, minus loopback ones (a sandbox can't reach the host's own
+    services); the egress policy lets sandboxes reach exactly these on port 53 (:mod:`sbx.node.egress`)."""
+    servers = egress.host_nameservers()
     return "".join(f"nameserver {s}\n" for s in servers) or "# no nameserver reachable from sandboxes\n"
