@@ -114,6 +114,7 @@ class LocalNode:
         from sbx.storage.volume import ensure_volume
 
         say = progress or (lambda _m: None)
+        egress.parse_allow(self.settings.egress_allow)  # a bad setting fails the start before any slow step
         say("data volume")
         ensure_volume(self.settings)
         say("sandbox image")

@@ -48,6 +48,17 @@ DEFAULT_DENY = (
 )
 
 
+class EgressConfigError(ValueError):
+    """The ``egress_allow`` setting holds something that is not an IPv4 network; ``code`` is
+    ``invalid_egress_allow`` and ``message`` names the item."""
+
+    code = "invalid_egress_allow"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     """Egress rules for one node: ``deny`` and ``allow`` are IPv4 CIDRs (``"10.0.0.0/8"``); ``services`` are
@@ -60,8 +71,9 @@ class EgressPolicy:
 
 def parse_allow(value: str | Iterable[str]) -> tuple[str, ...]:
     """The ``egress_allow`` setting as normalised IPv4 CIDRs: a comma-separated string (the environment variable)
-    or a list of strings (TOML); a bare address means ``/32``; empty items are ignored. Raises ``ValueError``
-    naming the bad item for anything that is not an IPv4 network (host bits set, IPv6, garbage)."""
+    or a list of strings (TOML); a bare address means ``/32``; empty items are ignored. Raises
+    :class:`EgressConfigError` naming the bad item for anything that is not an IPv4 network (host bits set, IPv6,
+    garbage)."""
     items = value.split(",") if isinstance(value, str) else list(value)
     out = []
     for item in items:
@@ -71,7 +83,7 @@ def parse_allow(value: str | Iterable[str]) -> tuple[str, ...]:
         try:
             out.append(str(ipaddress.IPv4Network(item, strict=True)))
         except ValueError as e:
-            raise ValueError(f"egress_allow: {item!r} is not an IPv4 network ({e})") from None
+            raise EgressConfigError(f"egress_allow: {item!r} is not an IPv4 network ({e})") from None
     return tuple(out)
 
 
@@ -137,8 +149,8 @@ def host_networks() -> list[str]:
 
 def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] | None = None) -> EgressPolicy:
     """The node's policy: :data:`DEFAULT_DENY` plus :func:`host_networks`, ``allow`` parsed by
-    :func:`parse_allow` (raises ``ValueError`` when bad), and services for the host's nameservers and the apt
-    mirrors of ``apt_lines`` (default: the image's, :func:`sbx.node.image.mirror_lines`; none when the host
+    :func:`parse_allow` (raises :class:`EgressConfigError` when bad), and services for the host's nameservers and
+    the apt mirrors of ``apt_lines`` (default: the image's, :func:`sbx.node.image.mirror_lines`; none when the host
     lists no Debian mirror). Resolves the mirror host names, so call it once at server start."""
     allowed = parse_allow(allow)
     if apt_lines is None:

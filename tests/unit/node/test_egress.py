@@ -17,8 +17,9 @@ def test_parse_allow_normalises_and_names_the_bad_item() -> None:
     assert egress.parse_allow(["172.16.0.0/12"]) == ("172.16.0.0/12",)
     assert egress.parse_allow("") == ()
     for bad in ("10.1.0.1/16", "fc00::/7", "nonsense", "10.0.0.0/33"):
-        with pytest.raises(ValueError, match="egress_allow"):
+        with pytest.raises(egress.EgressConfigError, match=f"egress_allow: '{bad}'") as e:
             egress.parse_allow(f"10.0.0.0/8,{bad}")
+        assert e.value.code == "invalid_egress_allow"
 
 
 def test_nameservers_skip_loopback_ipv6_and_junk(tmp_path: Path) -> None:
@@ -30,7 +31,8 @@ def test_nameservers_skip_loopback_ipv6_and_junk(tmp_path: Path) -> None:
 
 
 def test_mirror_endpoints_from_apt_lines() -> None:
-    lines = ["deb http://mirror.internal/debian bookworm main", "deb http://mirror.internal/debian bookworm-updates main",
+    lines = ["deb http://mirror.internal/debian bookworm main",
+             "deb http://mirror.internal/debian bookworm-updates main",
              "deb https://sec.example:8443/debian-security bookworm-security main", "deb file:/srv/repo bookworm main",
              "deb [trusted=yes] http://10.0.0.9:3142/debian bookworm main"]
     assert egress.mirror_endpoints(lines) == [("mirror.internal", 80), ("sec.example", 8443), ("10.0.0.9", 3142)]
