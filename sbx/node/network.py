@@ -38,6 +38,8 @@ from pyroute2 import IPRoute, NetNS
 from pyroute2.netlink.exceptions import NetlinkError
 
 from sbx.node.egress import EgressPolicy
+from sbx.node.nft import NftError
+from sbx.node.nft import run as _nft
 
 NUD_PERMANENT = 0x80  # linux/neighbour.h
 
@@ -93,14 +95,6 @@ def node_group(node_name: str) -> int:
     the bridge-family rules match ``meta iifgroup`` (this kernel has no ``meta ibrname`` for bridge tables)."""
     digest = hashlib.sha256(node_name.encode()).digest()
     return int.from_bytes(digest[:4], "big") % 0x7FFFFFFE + 1
-
-
-def _nft(script: str) -> None:
-    """Run one ``nft -f -`` batch (a single transaction: all of it applies or none). Raises
-    ``subprocess.CalledProcessError`` with nft's message when it rejects the batch."""
-    p = subprocess.run(["nft", "-f", "-"], input=script.encode(), capture_output=True)
-    if p.returncode != 0:
-        raise subprocess.CalledProcessError(p.returncode, ["nft", "-f", "-"], p.stdout, p.stderr)
 
 
 def _set_elements(items: list[str]) -> str:
@@ -159,7 +153,7 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
     """Create (idempotently) the bridge with the gateway address, enable IPv4 forwarding, set strict ``rp_filter``
     on the bridge, (re)load this node's ``inet`` table with ``egress`` (default: :class:`EgressPolicy`'s fixed
     deny list, no exceptions) and load its ``bridge`` pinning table, keeping the pins of running sandboxes.
-    Raises ``subprocess.CalledProcessError`` if nft rejects the ruleset."""
+    Raises :class:`sbx.node.nft.NftError` if nft rejects the ruleset."""
     gw = gateway_of(subnet)
     with IPRoute() as ipr:
         if not ipr.link_lookup(ifname=bridge):
@@ -176,7 +170,7 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
     pins = _bridge_ruleset(table, node_group(node_name))
     try:
         _nft(pins)
-    except subprocess.CalledProcessError:  # a table of an older layout: start it afresh (sync_pins refills it)
+    except NftError:  # a table of an older layout: start it afresh (sync_pins refills it)
         _nft(f"table bridge {table}\ndelete table bridge {table}\n" + pins)
 
 
@@ -208,7 +202,7 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
     isolated port of ``node_name``'s group, pinned to that MAC and address (a ``pins`` element added before the
     port joins the bridge, a permanent neighbour entry, strict ``rp_filter``). A stale host end of the same name
     (from a crashed run) is replaced; everything here is idempotent, so a second run (restore) repairs the first.
-    Raises ``NetlinkError`` / ``subprocess.CalledProcessError`` when the kernel refuses a step."""
+    Raises ``NetlinkError`` / :class:`sbx.node.nft.NftError` when the kernel refuses a step."""
     netns_path = f"/proc/{pid}/ns/net"
     tmp_peer = "p" + lease.host_veth[1:]
     address = str(ipaddress.IPv4Interface(lease.address).ip)
