@@ -14,7 +14,9 @@ import subprocess
 import threading
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}
+_lib: ctypes.CDLL | None = None
+_ctx: int | None = None
+_tried = False
 
 
 class NftError(RuntimeError):
@@ -23,11 +25,12 @@ class NftError(RuntimeError):
 
 def _context() -> tuple[ctypes.CDLL, int] | None:
     """The library and one context for this process (made on first use); ``None`` when the library is missing."""
-    if "ctx" not in _state:
+    global _lib, _ctx, _tried
+    if not _tried:
+        _tried = True
         try:
             lib = ctypes.CDLL("libnftables.so.1")
         except OSError:
-            _state["ctx"] = None
             return None
         lib.nft_ctx_new.restype = ctypes.c_void_p
         lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
@@ -41,17 +44,13 @@ def _context() -> tuple[ctypes.CDLL, int] | None:
         lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
         ctx = lib.nft_ctx_new(0)  # NFT_CTX_DEFAULT
         if not ctx:
-            _state["ctx"] = None
             return None
         lib.nft_ctx_buffer_output(ctx)  # keep nft's output off our stdout
         lib.nft_ctx_buffer_error(ctx)
-        _state["lib"], _state["ctx"] = lib, ctx
-    ctx = _state["ctx"]
-    if ctx is None:
+        _lib, _ctx = lib, ctx
+    if _lib is None or _ctx is None:
         return None
-    lib = _state["lib"]
-    assert isinstance(lib, ctypes.CDLL) and isinstance(ctx, int)
-    return lib, ctx
+    return _lib, _ctx
 
 
 def run(script: str) -> None:
