@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -79,3 +80,18 @@ def test_rulesets_pass_nft_check() -> None:
     r = _nft_check(network._bridge_ruleset("sbx_unit", 7) +
                    f"add element bridge sbx_unit pins {{ {network._pin(lease)} }}\n")
     assert r.returncode == 0, r.stderr.decode()
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="nft is a host package of sbx setup")
+def test_nft_batches_apply_whole_or_not_at_all() -> None:
+    from sbx.node import nft
+
+    table = f"sbxunit_{os.getpid()}"
+    try:
+        with pytest.raises(nft.NftError, match="Error"):  # the second line fails: the table is not made either
+            nft.run(f"add table bridge {table}\nadd rule bridge {table} nosuch drop\n")
+        assert table not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        nft.run(f"add table bridge {table}\n")
+        assert table in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["nft", "delete", "table", "bridge", table], capture_output=True)
