@@ -213,6 +213,9 @@ class LocalNode:
         lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
+        # pinned here, for boot and restore alike, before the prestart hook plugs the port into the bridge
+        network.pin_sandbox(network.lease_from_json(json.dumps(rec["lease"])), self.settings.bridge,
+                            self.settings.node_name)
         cpus = min(size.vcpus, os.cpu_count() or 1)
         cspec = ContainerSpec(
             hostname=rec["spec"]["hostname"],

@@ -196,18 +196,30 @@ def _pin(lease: Lease) -> str:
     return f'"{lease.host_veth}" . {mac_for(lease.host_veth)} . {ip}'
 
 
+def pin_sandbox(lease: Lease, bridge: str, node_name: str) -> None:
+    """Pin ``lease``'s port before its container starts or is restored: the ``pins`` element (its veth name, MAC
+    and address) and the host's permanent neighbour entry for the address on ``bridge`` (a gratuitous ARP from a
+    neighbour can't move it). Idempotent. The node runs it in its own process (a warm nftables context, well under
+    a millisecond) rather than in the prestart hook, which is a fresh process on every start and restore.
+    Raises ``NetlinkError`` / :class:`sbx.node.nft.NftError` when the kernel refuses a step."""
+    _nft(f"add element bridge {_nft_table(node_name)} pins {{ {_pin(lease)} }}\n")
+    address = str(ipaddress.IPv4Interface(lease.address).ip)
+    with IPRoute() as ipr:
+        for br_idx in ipr.link_lookup(ifname=bridge):
+            ipr.neigh("replace", dst=address, lladdr=mac_for(lease.host_veth), ifindex=br_idx, state=NUD_PERMANENT)
+
+
 def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
     """Give the network namespace of host process ``pid`` (the container's init) an ``eth0`` with
     ``lease.address``, the MAC :func:`mac_for` and a default route, and plug the host end into ``bridge`` as an
-    isolated port of ``node_name``'s group, pinned to that MAC and address (a ``pins`` element added before the
-    port joins the bridge, a permanent neighbour entry, strict ``rp_filter``). A stale host end of the same name
-    (from a crashed run) is replaced; everything here is idempotent, so a second run (restore) repairs the first.
-    Raises ``NetlinkError`` / :class:`sbx.node.nft.NftError` when the kernel refuses a step."""
+    isolated port in ``node_name``'s interface group (:func:`node_group`, set before the port joins the bridge, so
+    the pinning rules see its first frame) with strict ``rp_filter``. The port passes only what the lease's pin
+    allows: :func:`pin_sandbox` must have run (without it the sandbox has no network, it is never unfiltered).
+    A stale host end of the same name (from a crashed run) is replaced; a second run (restore) repairs the first.
+    Raises ``NetlinkError`` when the kernel refuses a step."""
     netns_path = f"/proc/{pid}/ns/net"
     tmp_peer = "p" + lease.host_veth[1:]
-    address = str(ipaddress.IPv4Interface(lease.address).ip)
     mac = mac_for(lease.host_veth)
-    _nft(f"add element bridge {_nft_table(node_name)} pins {{ {_pin(lease)} }}\n")
     with IPRoute() as ipr:
         _delete_link(ipr, lease.host_veth)
         ipr.link("add", ifname=lease.host_veth, kind="veth", peer=tmp_peer)
@@ -225,8 +237,6 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
         ipr.link("set", index=host_idx, master=br_idx)
         ipr.brport("set", index=host_idx, isolated=1)  # kernel bridge port isolation
         ipr.link("set", index=host_idx, state="up")
-        # the host's entry for the address: this MAC for good (gratuitous ARP from a neighbour can't move it)
-        ipr.neigh("replace", dst=address, lladdr=mac, ifindex=br_idx, state=NUD_PERMANENT)
     iface = ipaddress.IPv4Interface(lease.address)
     ns = NetNS(netns_path)
     try:
