@@ -70,6 +70,9 @@ class Settings:
       objects; two servers on one host need two names.
     - ``state_dir``: the server's own files (SQLite database, token, OCI bundles).
     - ``bridge`` / ``subnet``: the host bridge sandboxes attach to, and its IPv4 /16.
+    - ``egress_allow``: comma-separated IPv4 CIDRs sandboxes may reach although the egress policy denies them by
+      default (private, link-local, metadata and the host's networks; :mod:`sbx.node.egress`), e.g.
+      ``"10.20.0.0/16,192.168.1.5"``. Empty by default. A bad item stops the server at start.
     """
 
     home: Path = Path("/var/lib/sbx")
@@ -77,6 +80,7 @@ class Settings:
     state_dir: Path = Path("/var/lib/sbx/server")
     bridge: str = "sbx0"
     subnet: str = "10.88.0.0/16"
+    egress_allow: str = ""
     domain: str = "sbx.localhost"
     host: str = "127.0.0.1"
     port: int = 7070
@@ -134,6 +138,7 @@ _ENV_FIELDS = {
     "SBX_STATE_DIR": ("state_dir", Path),
     "SBX_BRIDGE": ("bridge", str),
     "SBX_SUBNET": ("subnet", str),
+    "SBX_EGRESS_ALLOW": ("egress_allow", str),
     "SBX_DOMAIN": ("domain", str),
     "SBX_HOST": ("host", str),
     "SBX_PORT": ("port", int),
@@ -156,7 +161,11 @@ def load_settings(**overrides: object) -> Settings:
             data = tomllib.load(f)
         for key, value in data.items():
             if key in Settings.__dataclass_fields__ and key != "sizes":
-                values[key] = Path(value) if key in ("home", "state_dir") else value
+                if key in ("home", "state_dir"):
+                    value = Path(value)
+                elif key == "egress_allow" and isinstance(value, list):  # TOML may list the ranges
+                    value = ",".join(str(v) for v in value)
+                values[key] = value
     for env, (name, kind) in _ENV_FIELDS.items():
         if env in os.environ:
             values[name] = kind(os.environ[env])

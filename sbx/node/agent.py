@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, lxcfs, network, recovery, watch
+from sbx.node import cgroup, egress, guestfs, lxcfs, network, recovery, watch
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -120,6 +120,7 @@ class LocalNode:
         from sbx.storage.volume import ensure_volume
 
         say = progress or (lambda _m: None)
+        egress.parse_allow(self.settings.egress_allow)  # a bad setting fails the start before any slow step
         say("data volume")
         ensure_volume(self.settings)
         say("sandbox image")
@@ -128,7 +129,8 @@ class LocalNode:
             d.mkdir(parents=True, exist_ok=True)
         lxcfs.ensure_lxcfs()
         say("network")
-        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name)
+        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name,
+                              egress.egress_policy(self.settings.egress_allow))
 
     @property
     def image(self) -> Path:
@@ -217,6 +219,9 @@ class LocalNode:
         lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
+        # pinned here, for boot and restore alike, before the prestart hook plugs the port into the bridge
+        network.pin_sandbox(network.lease_from_json(json.dumps(rec["lease"])), self.settings.bridge,
+                            self.settings.node_name)
         cpus = min(size.vcpus, os.cpu_count() or 1)
         cspec = ContainerSpec(
             hostname=rec["spec"]["hostname"],
@@ -225,7 +230,8 @@ class LocalNode:
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
-            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
+            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge,
+                       self.settings.node_name],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
@@ -322,7 +328,7 @@ class LocalNode:
             cgroup.kill_all(self._cgroup_path(sid))
             time.sleep(0.05)
         try:
-            network.unwire_sandbox(self._lease(sid))
+            network.unwire_sandbox(self._lease(sid), self.settings.bridge, self.settings.node_name)
         except NodeError:
             pass
         cgroup.remove_tree(self._cgroup_path(sid))
@@ -925,6 +931,8 @@ class LocalNode:
                     self._discard_memory(sid)
                 self._set_phase(sid, "checkpointed" if mem_ok else "stopped")
                 result[sid] = "checkpointed" if mem_ok else "stopped"
+        live = [self._lease(sid) for sid, st in result.items() if st == "running"]
+        network.sync_pins(self.settings.bridge, self.settings.node_name, live)
         return result
 
     def _thaw_all(self) -> None:
@@ -1119,14 +1127,7 @@ def _allocated(disk: Path) -> int:
 
 
 def _resolv_conf() -> str:
-    """Nameservers for sandboxes: the host's, minus loopback ones (a sandbox can't reach the host's own
-    services)."""
-    servers = []
-    try:
-        for line in Path("/etc/resolv.conf").read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0] == "nameserver" and not parts[1].startswith(("127.", "::1")):
-                servers.append(parts[1])
-    except OSError:
-        pass
+    """Nameservers for sandboxes: the host's IPv4 ones, minus loopback ones (a sandbox can't reach the host's own
+    services); the egress policy lets sandboxes reach exactly these on port 53 (:mod:`sbx.node.egress`)."""
+    servers = egress.host_nameservers()
     return "".join(f"nameserver {s}\n" for s in servers) or "# no nameserver reachable from sandboxes\n"

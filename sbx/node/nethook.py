@@ -1,4 +1,4 @@
-"""OCI ``prestart`` hook that wires a sandbox's network: ``python -m sbx.node.nethook LEASE_FILE BRIDGE``.
+"""OCI ``prestart`` hook that wires a sandbox's network: ``python -m sbx.node.nethook LEASE_FILE BRIDGE NODE``.
 
 runc runs it with the container state JSON on stdin (OCI runtime spec, "hooks": the state includes ``pid``, the
 container init's host PID), after it made the namespaces and before systemd starts; on CRIU restore runc runs it
@@ -16,9 +16,9 @@ from sbx.node.network import lease_from_json, wire_sandbox
 
 
 def main(argv: list[str]) -> int:
-    lease_file, bridge = argv[1], argv[2]
+    lease_file, bridge, node = argv[1], argv[2], argv[3]
     state = json.load(sys.stdin)
-    wire_sandbox(int(state["pid"]), lease_from_json(Path(lease_file).read_text()), bridge)
+    wire_sandbox(int(state["pid"]), lease_from_json(Path(lease_file).read_text()), bridge, node)
     return 0
 
 

@@ -3,11 +3,20 @@
 Layout (all names derive from :class:`sbx.config.Settings`):
 
 - a Linux bridge ``settings.bridge`` holding the first address of ``settings.subnet`` (the sandboxes' gateway);
-- an nftables table ``sbx_<node>`` that masquerades traffic leaving the subnet, drops traffic between sandboxes,
-  and drops traffic from sandboxes to the host itself (so the API port and host services are out of reach);
+- an nftables table ``inet sbx_<node>`` that masquerades traffic leaving the subnet, drops traffic between
+  sandboxes, drops traffic from sandboxes to the host itself (so the API port and host services are out of reach),
+  and applies the egress policy (:mod:`sbx.node.egress`: no private, link-local or metadata addresses, no IPv6);
+- an nftables table ``bridge sbx_<node>`` that pins every sandbox port to its own MAC and IPv4 address: a frame
+  entering the bridge from one of this node's veths passes only if it is IPv4 whose Ethernet source and IP
+  source are the sandbox's own, or ARP whose Ethernet source, ARP sender MAC and ARP sender IP are its own.
+  Everything else (spoofed sources, gratuitous ARP for another address, IPv6, VLAN tags) is dropped before the
+  bridge or the host sees it. The node's veths are recognised by their interface group (:func:`node_group`,
+  set before the veth joins the bridge), so a port is filtered from its first frame, and one missing from the
+  ``pins`` set passes nothing;
 - per sandbox, a veth pair: the host end ``v<10 chars of the id>`` is a bridge port with ``isolated on`` (kernel
   bridge port isolation: isolated ports can't talk to each other), the other end is ``eth0`` inside the
-  container's network namespace with a fixed address.
+  container's network namespace with a fixed address and MAC (:func:`mac_for`); the host keeps a permanent
+  neighbour entry for the address (a sandbox's ARP can't repoint it) and ``rp_filter`` is strict on the bridge.
 
 The container's network namespace is made by runc; :func:`wire_sandbox` runs from the OCI ``prestart`` hook (see
 :mod:`sbx.node.nethook`), which runc runs again on CRIU restore (runtime-facts: checkpoint with
@@ -27,6 +36,12 @@ from pathlib import Path
 
 from pyroute2 import IPRoute, NetNS
 from pyroute2.netlink.exceptions import NetlinkError
+
+from sbx.node.egress import EgressPolicy
+from sbx.node.nft import NftError
+from sbx.node.nft import run as _nft
+
+NUD_PERMANENT = 0x80  # linux/neighbour.h
 
 
 @dataclass(frozen=True)
@@ -75,29 +90,35 @@ def _nft_table(node_name: str) -> str:
     return "sbx_" + "".join(c if c.isalnum() else "_" for c in node_name)
 
 
-def ensure_bridge(bridge: str, subnet: str, node_name: str) -> None:
-    """Create (idempotently) the bridge with the gateway address, enable IPv4 forwarding, and (re)load this
-    node's nftables table. Raises ``subprocess.CalledProcessError`` if nft rejects the ruleset."""
-    gw = gateway_of(subnet)
-    with IPRoute() as ipr:
-        if not ipr.link_lookup(ifname=bridge):
-            ipr.link("add", ifname=bridge, kind="bridge")
-        idx = ipr.link_lookup(ifname=bridge)[0]
-        addrs = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx, family=2)}
-        if str(gw.ip) not in addrs:
-            ipr.addr("add", index=idx, address=str(gw.ip), prefixlen=gw.network.prefixlen)
-        ipr.link("set", index=idx, state="up")
-    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
-    table = _nft_table(node_name)
-    ruleset = f"""
+def node_group(node_name: str) -> int:
+    """The interface group (``IFLA_GROUP``, 1..2**31-1) this node gives its host veths, from a hash of its name:
+    the bridge-family rules match ``meta iifgroup`` (this kernel has no ``meta ibrname`` for bridge tables)."""
+    digest = hashlib.sha256(node_name.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 0x7FFFFFFE + 1
+
+
+def _set_elements(items: list[str]) -> str:
+    return f"elements = {{ {', '.join(items)} }}" if items else ""
+
+
+def _inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy) -> str:
+    services = [f"{ip} . {proto} . {port}" for ip, proto, port in egress.services]
+    return f"""
 table inet {table}
 delete table inet {table}
 table inet {table} {{
+  set egress_deny {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.deny))} }}
+  set egress_allow {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.allow))} }}
+  set egress_services {{ type ipv4_addr . inet_proto . inet_service; {_set_elements(services)} }}
   chain forward {{
     type filter hook forward priority 0; policy accept;
     iifname "{bridge}" oifname "{bridge}" drop
     oifname "{bridge}" ct state established,related accept
     oifname "{bridge}" drop
+    iifname "{bridge}" meta nfproto != ipv4 drop
+    iifname "{bridge}" ip daddr @egress_allow accept
+    iifname "{bridge}" ip daddr . meta l4proto . th dport @egress_services accept
+    iifname "{bridge}" ip daddr @egress_deny drop
   }}
   chain input {{
     type filter hook input priority 0; policy accept;
@@ -110,27 +131,100 @@ table inet {table} {{
   }}
 }}
 """
-    subprocess.run(["nft", "-f", "-"], input=ruleset.encode(), check=True, capture_output=True)
+
+
+def _bridge_ruleset(table: str, group: int) -> str:
+    """The pinning table. The ``pins`` set survives a reload (``add`` keeps an existing set and its elements), so a
+    server restart does not cut the sandboxes that kept running; the chain is rebuilt."""
+    return f"""
+add table bridge {table}
+add set bridge {table} pins {{ type ifname . ether_addr . ipv4_addr; }}
+add chain bridge {table} prerouting {{ type filter hook prerouting priority -300; policy accept; }}
+flush chain bridge {table} prerouting
+add rule bridge {table} prerouting meta iifgroup != {group} accept
+add rule bridge {table} prerouting ether type arp iifname . ether saddr . arp saddr ip @pins \
+  iifname . arp saddr ether . arp saddr ip @pins accept
+add rule bridge {table} prerouting ether type ip iifname . ether saddr . ip saddr @pins accept
+add rule bridge {table} prerouting drop
+"""
+
+
+def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy | None = None) -> None:
+    """Create (idempotently) the bridge with the gateway address, enable IPv4 forwarding, set strict ``rp_filter``
+    on the bridge, (re)load this node's ``inet`` table with ``egress`` (default: :class:`EgressPolicy`'s fixed
+    deny list, no exceptions) and load its ``bridge`` pinning table, keeping the pins of running sandboxes.
+    Raises :class:`sbx.node.nft.NftError` if nft rejects the ruleset."""
+    gw = gateway_of(subnet)
+    with IPRoute() as ipr:
+        if not ipr.link_lookup(ifname=bridge):
+            ipr.link("add", ifname=bridge, kind="bridge")
+        idx = ipr.link_lookup(ifname=bridge)[0]
+        addrs = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx, family=2)}
+        if str(gw.ip) not in addrs:
+            ipr.addr("add", index=idx, address=str(gw.ip), prefixlen=gw.network.prefixlen)
+        ipr.link("set", index=idx, state="up")
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    _rp_filter(bridge)
+    table = _nft_table(node_name)
+    _nft(_inet_ruleset(table, bridge, subnet, egress or EgressPolicy()))
+    pins = _bridge_ruleset(table, node_group(node_name))
+    try:
+        _nft(pins)
+    except NftError:  # a table of an older layout: start it afresh (sync_pins refills it)
+        _nft(f"table bridge {table}\ndelete table bridge {table}\n" + pins)
+
+
+def _rp_filter(ifname: str) -> None:
+    """Strict reverse-path filtering (``rp_filter=1``) on ``ifname``; gone interfaces are ignored."""
+    try:
+        Path(f"/proc/sys/net/ipv4/conf/{ifname}/rp_filter").write_text("1\n")
+    except FileNotFoundError:
+        pass
 
 
 def remove_bridge(bridge: str, node_name: str) -> None:
-    """Delete the bridge and this node's nftables table (used by tests and ``reconcile``)."""
+    """Delete the bridge and this node's nftables tables (used by tests and ``reconcile``)."""
     subprocess.run(["nft", "delete", "table", "inet", _nft_table(node_name)], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "bridge", _nft_table(node_name)], capture_output=True)
     with IPRoute() as ipr:
         _delete_link(ipr, bridge)
 
 
-def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
+def _pin(lease: Lease) -> str:
+    """The ``pins`` element of a lease: ``"veth" . mac . ip``."""
+    ip = ipaddress.IPv4Interface(lease.address).ip
+    return f'"{lease.host_veth}" . {mac_for(lease.host_veth)} . {ip}'
+
+
+def pin_sandbox(lease: Lease, bridge: str, node_name: str) -> None:
+    """Pin ``lease``'s port before its container starts or is restored: the ``pins`` element (its veth name, MAC
+    and address) and the host's permanent neighbour entry for the address on ``bridge`` (a gratuitous ARP from a
+    neighbour can't move it). Idempotent. The node runs it in its own process (a warm nftables context, well under
+    a millisecond) rather than in the prestart hook, which is a fresh process on every start and restore.
+    Raises ``NetlinkError`` / :class:`sbx.node.nft.NftError` when the kernel refuses a step."""
+    _nft(f"add element bridge {_nft_table(node_name)} pins {{ {_pin(lease)} }}\n")
+    address = str(ipaddress.IPv4Interface(lease.address).ip)
+    with IPRoute() as ipr:
+        for br_idx in ipr.link_lookup(ifname=bridge):
+            ipr.neigh("replace", dst=address, lladdr=mac_for(lease.host_veth), ifindex=br_idx, state=NUD_PERMANENT)
+
+
+def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
     """Give the network namespace of host process ``pid`` (the container's init) an ``eth0`` with
-    ``lease.address`` and a default route, and plug the host end into ``bridge`` as an isolated port.
-    A stale host end of the same name (from a crashed run) is replaced."""
+    ``lease.address``, the MAC :func:`mac_for` and a default route, and plug the host end into ``bridge`` as an
+    isolated port in ``node_name``'s interface group (:func:`node_group`, set before the port joins the bridge, so
+    the pinning rules see its first frame) with strict ``rp_filter``. The port passes only what the lease's pin
+    allows: :func:`pin_sandbox` must have run (without it the sandbox has no network, it is never unfiltered).
+    A stale host end of the same name (from a crashed run) is replaced; a second run (restore) repairs the first.
+    Raises ``NetlinkError`` when the kernel refuses a step."""
     netns_path = f"/proc/{pid}/ns/net"
     tmp_peer = "p" + lease.host_veth[1:]
+    mac = mac_for(lease.host_veth)
     with IPRoute() as ipr:
         _delete_link(ipr, lease.host_veth)
         ipr.link("add", ifname=lease.host_veth, kind="veth", peer=tmp_peer)
         peer_idx = ipr.link_lookup(ifname=tmp_peer)[0]
-        ipr.link("set", index=peer_idx, address=mac_for(lease.host_veth))
+        ipr.link("set", index=peer_idx, address=mac)
         fd = os.open(netns_path, os.O_RDONLY)
         try:
             ipr.link("set", index=peer_idx, net_ns_fd=fd)
@@ -138,15 +232,11 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
             os.close(fd)
         host_idx = ipr.link_lookup(ifname=lease.host_veth)[0]
         br_idx = ipr.link_lookup(ifname=bridge)[0]
+        ipr.link("set", index=host_idx, group=node_group(node_name))  # filtered from here on
+        _rp_filter(lease.host_veth)
         ipr.link("set", index=host_idx, master=br_idx)
+        ipr.brport("set", index=host_idx, isolated=1)  # kernel bridge port isolation
         ipr.link("set", index=host_idx, state="up")
-        address = str(ipaddress.IPv4Interface(lease.address).ip)
-        try:  # drop what the host remembered about this address (a neighbour entry from before a restore)
-            ipr.neigh("del", dst=address, ifindex=br_idx)
-        except NetlinkError:
-            pass
-    # Port isolation: pyroute2 0.7 has no bridge-port attribute helper for it, so use iproute2's `bridge`.
-    subprocess.run(["bridge", "link", "set", "dev", lease.host_veth, "isolated", "on"], check=True, capture_output=True)
     iface = ipaddress.IPv4Interface(lease.address)
     ns = NetNS(netns_path)
     try:
@@ -165,10 +255,46 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str) -> None:
         ns.close()
 
 
-def unwire_sandbox(lease: Lease) -> None:
-    """Remove the host end of a sandbox's veth pair if it is still there (deleting one end removes both)."""
+def unwire_sandbox(lease: Lease, bridge: str = "", node_name: str = "") -> None:
+    """Remove the host end of a sandbox's veth pair if it is still there (deleting one end removes both), and,
+    given ``bridge`` and ``node_name``, the lease's pin and permanent neighbour entry. Idempotent."""
     with IPRoute() as ipr:
         _delete_link(ipr, lease.host_veth)
+        if not (bridge and node_name and lease.address):
+            return
+        for br_idx in ipr.link_lookup(ifname=bridge):
+            try:
+                ipr.neigh("del", dst=str(ipaddress.IPv4Interface(lease.address).ip), ifindex=br_idx)
+            except NetlinkError:
+                pass
+    pin, table = _pin(lease), _nft_table(node_name)
+    # `add` first so the `delete` can't fail on a missing element (bookworm's nft 1.0.6 has no `destroy`)
+    _nft(f"add element bridge {table} pins {{ {pin} }}\ndelete element bridge {table} pins {{ {pin} }}\n")
+
+
+def sync_pins(bridge: str, node_name: str, leases: list[Lease]) -> None:
+    """Make the pins and the bridge's permanent neighbour entries exactly those of ``leases`` (the sandboxes that
+    run): one nft transaction replaces the ``pins`` set, stale permanent entries are deleted. For ``reconcile``,
+    which repairs what a crash between wiring and recording (or before an unwire) left behind."""
+    table = _nft_table(node_name)
+    items = [_pin(lease) for lease in leases]
+    _nft(f"flush set bridge {table} pins\n" + (f"add element bridge {table} pins {{ {', '.join(items)} }}\n"
+                                                 if items else ""))
+    wanted = {str(ipaddress.IPv4Interface(lease.address).ip): mac_for(lease.host_veth) for lease in leases}
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=bridge)
+        if not found:
+            return
+        br_idx = found[0]
+        for n in ipr.get_neighbours(family=2, ifindex=br_idx):
+            dst = n.get_attr("NDA_DST")
+            if n["state"] & NUD_PERMANENT and dst not in wanted:
+                try:
+                    ipr.neigh("del", dst=dst, ifindex=br_idx)
+                except NetlinkError:
+                    pass
+        for dst, mac in wanted.items():
+            ipr.neigh("replace", dst=dst, lladdr=mac, ifindex=br_idx, state=NUD_PERMANENT)
 
 
 def _delete_link(ipr: IPRoute, name: str) -> None:
