@@ -91,6 +91,9 @@ class Settings:
     require_memory_wait: float = 120.0
     """Seconds a ``require_memory`` resume waits for a host matching the memory image's CPU, kernel and CRIU
     before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""
+    memory_reserve_mib: int = 1024
+    """Host memory (MiB) kept out of every sandbox of a node together: the node's parent cgroup ``/sbx/<node>`` is
+    capped at the host's RAM minus this (issue 17)."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -140,6 +143,7 @@ _ENV_FIELDS = {
     "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
     "SBX_AUTO_SNAPSHOT_KEEP": ("auto_snapshot_keep", int),
     "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
+    "SBX_MEMORY_RESERVE_MIB": ("memory_reserve_mib", int),
 }
 
 

@@ -10,7 +10,14 @@
 - ``<node_dir>/sandboxes/<id>/node.json``: the node's record (spec, lease, phase) written before and after every
   side effect, so :meth:`LocalNode.reconcile` can put a sandbox back in a consistent state after a crash;
 - ``<node_dir>/snapshots/<name>.ext4`` (+ ``.json``): named snapshots;
-- ``/run/sbx/<node>/``: runc's state root and the OCI bundles (``config.json`` + the disk's mount point).
+- ``/run/sbx/<node>/``: runc's state root and the OCI bundles: ``config.json``, the disk's plain mount
+  ``bundles/<id>/disk`` (the host's view, where every host-side write goes) and its idmapped view
+  ``bundles/<id>/rootfs`` (the container's root: owners shifted into the sandbox's own host uid range).
+
+uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own starting at
+``uidBase`` (in ``node.json``; :func:`sbx.storage.idmap.uid_base`), the lowest range no sandbox of any node on the
+host holds, picked under a host-wide lock. Records made before shifted maps have no ``uidBase`` and keep the
+identity map, so their memory images still restore. The disk is never chowned (:mod:`sbx.storage.idmap`).
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
 is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it
@@ -40,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, guestfs, lxcfs, network
+from sbx.node import cgdelegate, cgroup, guestfs, lxcfs, network
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -53,11 +60,12 @@ from sbx.node.types import (
 )
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
-from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config
+from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config, mount_targets
 from sbx.runtime.runc import CRIU_CONFIG, RuncRuntime, kill_process_group, remove_tree
 from sbx.storage import disk as disks
-from sbx.storage import mounts, space
+from sbx.storage import idmap, mounts, space
 from sbx.storage.errors import StorageError
+from sbx.storage.locks import file_lock
 
 log = logging.getLogger("sbx.node")
 
@@ -121,6 +129,7 @@ class LocalNode:
         for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
             d.mkdir(parents=True, exist_ok=True)
         lxcfs.ensure_lxcfs()
+        cgdelegate.set_node_limits(self.settings.node_name, self.settings.memory_reserve_mib)
         say("network")
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name)
 
@@ -151,7 +160,16 @@ class LocalNode:
         return self.run_dir / "bundles" / sid
 
     def _rootfs(self, sid: str) -> Path:
+        """The container's root: the idmapped view of the disk (host root can't write through it: EOVERFLOW)."""
         return self._bundle(sid) / "rootfs"
+
+    def _hostroot(self, sid: str) -> Path:
+        """The disk's plain mount: the host's unshifted view, for every write the host makes."""
+        return self._bundle(sid) / "disk"
+
+    def _uid_base(self, sid: str) -> int:
+        """First host uid/gid of the sandbox's map (0: identity map of a sandbox made before shifted maps)."""
+        return int(self._record(sid).get("uidBase", 0))
 
     def _cgroup_path(self, sid: str) -> str:
         return f"/sbx/{self.settings.node_name}/{sid}"
@@ -193,12 +211,29 @@ class LocalNode:
         return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
 
     def _new_record(self, spec: SandboxSpec, **extra: Any) -> None:
-        """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease)."""
+        """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease, a uid
+        range of its own)."""
         self._dir(spec.id).mkdir(parents=True, exist_ok=True)
         with self._lease_lock:  # two creates at once must not pick the same address
-            rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
-                   "size": spec.size.name, "oomKills": 0, **extra}
-            self._save(spec.id, rec)
+            # Every node on the host draws from one pool of uid ranges: the lock file sits in the host-wide home.
+            with file_lock(self.settings.home / ".uidmap.lock"):
+                try:
+                    base = idmap.lowest_free_base(self._taken_uid_bases())
+                except StorageError as e:
+                    raise NodeError(e.code, str(e)) from e
+                rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
+                       "size": spec.size.name, "oomKills": 0, "uidBase": base, **extra}
+                self._save(spec.id, rec)
+
+    def _taken_uid_bases(self) -> set[int]:
+        """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*``)."""
+        taken = set()
+        for p in (self.settings.volume / "nodes").glob("*/sandboxes/*/node.json"):
+            try:
+                taken.add(int(json.loads(p.read_text()).get("uidBase", 0)))
+            except (OSError, ValueError, TypeError, AttributeError):
+                continue
+        return taken
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
@@ -219,7 +254,9 @@ class LocalNode:
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
-            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge],
+            uid_base=rec.get("uidBase", 0),
+            hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge,
+                       self._cgroup_path(sid), str(rec.get("uidBase", 0))],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
@@ -231,22 +268,47 @@ class LocalNode:
         # Legacy cgroup mode for systemd: no inotify watches on cgroup2 `cgroup.events` files, which CRIU
         # cannot reopen on restore (measured here: "fsnotify: Unable to open .../cgroup.events").
         config["process"]["env"].append("SYSTEMD_PROC_CMDLINE=systemd.legacy_systemd_cgroup_controller=1")
+        # runc's restore creates missing mount targets as host root through the root path, which the idmapped
+        # view refuses (EOVERFLOW, measured for the LXCFS files over /proc/*): make them on the plain mount.
+        for dest, is_file in mount_targets(config):
+            try:
+                guestfs.ensure_path(self._hostroot(sid), dest, is_file=is_file)
+            except (guestfs.UnsafePath, OSError) as e:
+                raise NodeError("boot_failed", f"mount target {dest}: {e}") from e
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         return bundle
 
     def _mount(self, sid: str) -> None:
-        rootfs = self._rootfs(sid)
-        rootfs.mkdir(parents=True, exist_ok=True)
-        if disks.mounted_at(self._disk(sid)) is None:
-            disks.mount(self._disk(sid), rootfs)
+        """Mount the disk plainly at :meth:`_hostroot` and its idmapped view (shifted to the sandbox's uid range)
+        at :meth:`_rootfs`; nothing to do when both are there. After a host reboot or a crash between the two
+        mounts, whatever is left is unmounted and both are made again."""
+        host, rootfs = self._hostroot(sid), self._rootfs(sid)
+        base = self._uid_base(sid)
+        devs = mounts.loop_devices_for(self._disk(sid))
+        plain, view = mounts.mount_at(host), mounts.mount_at(rootfs)
+        if (plain is not None and view is not None and plain.source in devs and view.source in devs
+                and (base == 0 or idmap.is_idmapped(rootfs))):
+            return
+        self._umount(sid)
+        try:
+            disks.mount(self._disk(sid), host)
+            idmap.idmapped_bind(host, rootfs, base)
+        except StorageError as e:
+            self._umount(sid)
+            raise NodeError("boot_failed", f"mounting the disk: {e}") from e
 
     def _umount(self, sid: str, wait: float = 15.0) -> None:
-        """Unmount the sandbox's disk and wait until no loop device holds the image any more, so the next
-        e2fsck/resize2fs/reflink sees a quiet file (a dying container's mount namespace can keep the filesystem
-        alive for a moment after the host's unmount, and the loop device then detaches lazily)."""
-        mp = disks.mounted_at(self._disk(sid))
-        if mp is not None:
-            disks.umount(mp)
+        """Unmount the sandbox's disk (the idmapped view first, then the plain mount, then any other mount of it)
+        and wait until no loop device holds the image any more, so the next e2fsck/resize2fs/reflink sees a quiet
+        file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
+        unmount, and the loop device then detaches lazily)."""
+        rootfs = os.path.realpath(self._rootfs(sid))
+        for _ in range(8):
+            mps = [mp for dev in mounts.loop_devices_for(self._disk(sid)) for mp in mounts.mountpoints_of(dev)]
+            if not mps:
+                break
+            mps.sort(key=lambda mp: str(mp) != rootfs)
+            disks.umount(mps[0])
         deadline = time.monotonic() + wait
         while mounts.loop_devices_for(self._disk(sid)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -254,7 +316,7 @@ class LocalNode:
     def _write_identity(self, sid: str, hostname: str, fresh: bool) -> None:
         """Write hostname, hosts, resolv.conf (and, for a new identity, machine-id and /etc/sbx/identity) into
         the mounted disk, never following the guest's symlinks (:mod:`sbx.node.guestfs`)."""
-        root = self._rootfs(sid)
+        root = self._hostroot(sid)
         guestfs.write_file(root, "etc/hostname", f"{hostname}\n".encode())
         guestfs.write_file(
             root, "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n::1 localhost ip6-localhost\n".encode()
@@ -521,7 +583,7 @@ class LocalNode:
             if keep_memory:
                 mem = self._memory(id)
                 try:
-                    self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work")
+                    self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
                     saved = True
                 except RuntimeError_ as e:
@@ -837,9 +899,10 @@ class LocalNode:
 
     @contextmanager
     def mounted_root(self, sid: str) -> Iterator[Path]:
-        """The host path of a running sandbox's root filesystem (read with :mod:`sbx.node.guestfs` only)."""
+        """The host path of a running sandbox's root filesystem, unshifted (owners as on disk: the sandbox's root
+        is 0 there); read and write it with :mod:`sbx.node.guestfs` only."""
         self._require_running(sid)
-        yield self._rootfs(sid)
+        yield self._hostroot(sid)
 
 
 def _allocated(disk: Path) -> int:

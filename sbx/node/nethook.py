@@ -1,4 +1,7 @@
-"""OCI ``prestart`` hook that wires a sandbox's network: ``python -m sbx.node.nethook LEASE_FILE BRIDGE``.
+"""OCI ``prestart`` hook of a sandbox: ``python -m sbx.node.nethook LEASE_FILE BRIDGE [CGROUP_PATH UID_BASE]``.
+
+It hands the container its cgroups (:func:`sbx.node.cgdelegate.delegate` to host uid/gid ``UID_BASE``, the
+sandbox's shifted root; skipped for ``UID_BASE`` 0, the identity map) and wires its network.
 
 runc runs it with the container state JSON on stdin (OCI runtime spec, "hooks": the state includes ``pid``, the
 container init's host PID), after it made the namespaces and before systemd starts; on CRIU restore runc runs it
@@ -12,12 +15,15 @@ import json
 import sys
 from pathlib import Path
 
+from sbx.node.cgdelegate import delegate
 from sbx.node.network import lease_from_json, wire_sandbox
 
 
 def main(argv: list[str]) -> int:
     lease_file, bridge = argv[1], argv[2]
     state = json.load(sys.stdin)
+    if len(argv) >= 5 and int(argv[4]):
+        delegate(argv[3], int(argv[4]), int(argv[4]))
     wire_sandbox(int(state["pid"]), lease_from_json(Path(lease_file).read_text()), bridge)
     return 0
 
