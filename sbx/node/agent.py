@@ -226,14 +226,7 @@ class LocalNode:
                 self._save(spec.id, rec)
 
     def _taken_uid_bases(self) -> set[int]:
-        """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*``)."""
-        taken = set()
-        for p in (self.settings.volume / "nodes").glob("*/sandboxes/*/node.json"):
-            try:
-                taken.add(int(json.loads(p.read_text()).get("uidBase", 0)))
-            except (OSError, ValueError, TypeError, AttributeError):
-                continue
-        return taken
+        return taken_uid_bases(self.settings.volume)
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
@@ -903,6 +896,18 @@ class LocalNode:
         is 0 there); read and write it with :mod:`sbx.node.guestfs` only."""
         self._require_running(sid)
         yield self._hostroot(sid)
+
+
+def taken_uid_bases(volume: Path) -> set[int]:
+    """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*/node.json``);
+    a record without one (identity map) counts as 0, unreadable records are skipped."""
+    taken = set()
+    for p in (volume / "nodes").glob("*/sandboxes/*/node.json"):
+        try:
+            taken.add(int(json.loads(p.read_text()).get("uidBase", 0)))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return taken
 
 
 def _allocated(disk: Path) -> int:
