@@ -128,6 +128,7 @@ class LocalNode:
         self._image = ensure_image(self.settings, progress)
         for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
             d.mkdir(parents=True, exist_ok=True)
+        self.snapshots_dir.chmod(0o700)  # snapshots are sandbox disks: no sandbox's host uid may read them
         lxcfs.ensure_lxcfs()
         cgdelegate.set_node_limits(self.settings.node_name, self.settings.memory_reserve_mib)
         say("network")
@@ -224,6 +225,7 @@ class LocalNode:
                 rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
                        "size": spec.size.name, "oomKills": 0, "uidBase": base, **extra}
                 self._save(spec.id, rec)
+        _private(self._dir(spec.id), base)
 
     def _taken_uid_bases(self) -> set[int]:
         return taken_uid_bases(self.settings.volume)
@@ -236,6 +238,8 @@ class LocalNode:
 
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
         bundle = self._bundle(sid)
+        bundle.mkdir(parents=True, exist_ok=True)
+        _private(bundle, rec.get("uidBase", 0))
         lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
@@ -908,6 +912,15 @@ def taken_uid_bases(volume: Path) -> set[int]:
         except (OSError, ValueError, TypeError, AttributeError):
             continue
     return taken
+
+
+def _private(folder: Path, gid: int) -> None:
+    """Make a sandbox's folder (its disk, seals and memory image; or its bundle with the disk's mounts) reachable
+    only by host root and the sandbox's own shifted group ``gid`` (0750-style ``0710``; ``0700`` for the identity
+    map): restored tasks run as that gid and CRIU opens the memory image through it, while another sandbox's host
+    uid, if it ever reached the host's filesystem, finds every other sandbox's disk closed."""
+    os.chown(folder, 0, gid)
+    folder.chmod(0o710 if gid else 0o700)
 
 
 def _allocated(disk: Path) -> int:

@@ -7,6 +7,7 @@ shifted-owner checks, the disjoint ranges and the node parent's limits all faile
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -163,11 +164,37 @@ def test_two_sandboxes_have_disjoint_ranges(sec_server: Server, pair: tuple[str,
     assert 0 not in (a, b)
 
 
+def _open_as(uid: int, path: Path) -> int:
+    """Open ``path`` for reading (a folder: list it) in a child process running as host ``uid:uid``; 0 or the
+    errno it failed with."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            if path.is_dir():
+                os.listdir(path)
+            else:
+                os.close(os.open(path, os.O_RDONLY))
+            os._exit(0)
+        except OSError as e:
+            os._exit(e.errno or 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def test_cannot_read_another_sandboxes_disk(sec_server: Server, pair: tuple[str, str]) -> None:
     a, b = pair
-    marker = f"disk-of-{b}"
-    assert root(sec_server, b, f"echo {marker} > /root/marker && sync").returncode == 0
-    # every loop device the host has: make a node for it and read it, or open one under /dev
+    # Were A's root ever to reach the host's filesystem, it would be A's host uid there: B's disk image, seals,
+    # memory folder, the plain mount of B's disk and the snapshots are closed to it.
+    base_a = _uid_map(sec_server, a)[1]
+    node_dir = load_settings(node_name=_node()).node_dir
+    bundle_b = Path("/run/sbx") / _node() / "bundles" / b
+    for path in (node_dir / "sandboxes" / b / "disk.ext4", node_dir / "sandboxes" / b, node_dir / "snapshots",
+                 bundle_b / "disk" / "etc", bundle_b / "rootfs" / "etc"):
+        assert path.exists(), path
+        assert _open_as(base_a, path) == errno.EACCES, f"{path} is open to sandbox {a}'s host uid {base_a}"
+    # From inside: every loop device the host has: make a node for it and read it, or open one under /dev.
     script = (
         "n=0; for d in /sys/block/loop*; do i=${d##*loop}; "
         'mknod /tmp/l$i b 7 $i 2>/dev/null && head -c 1 /tmp/l$i >/dev/null 2>&1 && echo "READ loop$i"; '
