@@ -239,7 +239,8 @@ class LocalNode:
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
         bundle = self._bundle(sid)
         bundle.mkdir(parents=True, exist_ok=True)
-        _private(bundle, rec.get("uidBase", 0))
+        for folder in (bundle, self._dir(sid)):  # again on every boot: a crash may have come before the first
+            _private(folder, rec.get("uidBase", 0))
         lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
