@@ -16,8 +16,9 @@
 
 uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own starting at
 ``uidBase`` (in ``node.json``; :func:`sbx.storage.idmap.uid_base`), the lowest range no sandbox of any node on the
-host holds, picked under a host-wide lock. Records made before shifted maps have no ``uidBase`` and keep the
-identity map, so their memory images still restore. The disk is never chowned (:mod:`sbx.storage.idmap`).
+host holds, picked under a host-wide lock. Records made before shifted maps have no ``uidBase``: they keep the
+identity map while their memory image is restored and get a range of their own at their next cold boot.
+The disk is never chowned (:mod:`sbx.storage.idmap`).
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
 is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it
@@ -325,11 +326,20 @@ class LocalNode:
             guestfs.write_file(root, "etc/sbx/identity", f"{sid} {secrets.token_hex(8)}\n".encode())
 
     def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None:
-        """Cold boot from the disk: mount, write identity, start runc, wait for systemd."""
-        rec = self._record(sid)
+        """Cold boot from the disk: mount, write identity, start runc, wait for systemd. A sandbox made before
+        shifted maps gets its own uid range here (nothing on disk changes; only a memory restore needed the
+        identity map)."""
         self._discard_memory(sid)
         self._cleanup_container(sid)
         self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
+        if "uidBase" not in self._record(sid):
+            with self._lease_lock, file_lock(self.settings.home / ".uidmap.lock"):
+                try:
+                    self._set_phase(sid, self._record(sid)["phase"],
+                                    uidBase=idmap.lowest_free_base(self._taken_uid_bases()))
+                except StorageError as e:
+                    raise NodeError(e.code, str(e)) from e
+        rec = self._record(sid)
         self._mount(sid)
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
         bundle = self._write_bundle(sid, rec, size)
