@@ -14,11 +14,9 @@
   ``bundles/<id>/disk`` (the host's view, where every host-side write goes) and its idmapped view
   ``bundles/<id>/rootfs`` (the container's root: owners shifted into the sandbox's own host uid range).
 
-uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own starting at
-``uidBase`` (in ``node.json``; :func:`sbx.storage.idmap.uid_base`), the lowest range no sandbox of any node on the
-host holds, picked under a host-wide lock. Records made before shifted maps have no ``uidBase``: they keep the
+uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own (``uidBase`` in
+``node.json``; :mod:`sbx.node.rootfs`). Records made before shifted maps have no ``uidBase``: they keep the
 identity map while their memory image is restored and get a range of their own at their next cold boot.
-The disk is never chowned (:mod:`sbx.storage.idmap`).
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
 is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it
@@ -48,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgdelegate, cgroup, guestfs, lxcfs, network
+from sbx.node import cgdelegate, cgroup, guestfs, lxcfs, network, rootfs
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -61,12 +59,11 @@ from sbx.node.types import (
 )
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
-from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config, mount_targets
+from sbx.runtime.oci import STOP_SIGNAL, ContainerSpec, build_config
 from sbx.runtime.runc import CRIU_CONFIG, RuncRuntime, kill_process_group, remove_tree
 from sbx.storage import disk as disks
-from sbx.storage import idmap, mounts, space
+from sbx.storage import mounts, space
 from sbx.storage.errors import StorageError
-from sbx.storage.locks import file_lock
 
 log = logging.getLogger("sbx.node")
 
@@ -217,19 +214,14 @@ class LocalNode:
         range of its own)."""
         self._dir(spec.id).mkdir(parents=True, exist_ok=True)
         with self._lease_lock:  # two creates at once must not pick the same address
-            # Every node on the host draws from one pool of uid ranges: the lock file sits in the host-wide home.
-            with file_lock(self.settings.home / ".uidmap.lock"):
-                try:
-                    base = idmap.lowest_free_base(self._taken_uid_bases())
-                except StorageError as e:
-                    raise NodeError(e.code, str(e)) from e
-                rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
-                       "size": spec.size.name, "oomKills": 0, "uidBase": base, **extra}
-                self._save(spec.id, rec)
-        _private(self._dir(spec.id), base)
-
-    def _taken_uid_bases(self) -> set[int]:
-        return taken_uid_bases(self.settings.volume)
+            try:
+                with rootfs.uid_range(self.settings.home, self.settings.volume) as base:
+                    rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
+                           "size": spec.size.name, "oomKills": 0, "uidBase": base, **extra}
+                    self._save(spec.id, rec)
+            except StorageError as e:
+                raise NodeError(e.code, str(e)) from e
+        rootfs.make_private(self._dir(spec.id), base)
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
@@ -241,7 +233,7 @@ class LocalNode:
         bundle = self._bundle(sid)
         bundle.mkdir(parents=True, exist_ok=True)
         for folder in (bundle, self._dir(sid)):  # again on every boot: a crash may have come before the first
-            _private(folder, rec.get("uidBase", 0))
+            rootfs.make_private(folder, rec.get("uidBase", 0))
         lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
@@ -267,13 +259,10 @@ class LocalNode:
         # Legacy cgroup mode for systemd: no inotify watches on cgroup2 `cgroup.events` files, which CRIU
         # cannot reopen on restore (measured here: "fsnotify: Unable to open .../cgroup.events").
         config["process"]["env"].append("SYSTEMD_PROC_CMDLINE=systemd.legacy_systemd_cgroup_controller=1")
-        # runc's restore creates missing mount targets as host root through the root path, which the idmapped
-        # view refuses (EOVERFLOW, measured for the LXCFS files over /proc/*): make them on the plain mount.
-        for dest, is_file in mount_targets(config):
-            try:
-                guestfs.ensure_path(self._hostroot(sid), dest, is_file=is_file)
-            except (guestfs.UnsafePath, OSError) as e:
-                raise NodeError("boot_failed", f"mount target {dest}: {e}") from e
+        try:
+            rootfs.precreate_mount_targets(self._hostroot(sid), config)
+        except (guestfs.UnsafePath, OSError) as e:
+            raise NodeError("boot_failed", f"mount targets: {e}") from e
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         return bundle
 
@@ -281,19 +270,9 @@ class LocalNode:
         """Mount the disk plainly at :meth:`_hostroot` and its idmapped view (shifted to the sandbox's uid range)
         at :meth:`_rootfs`; nothing to do when both are there. After a host reboot or a crash between the two
         mounts, whatever is left is unmounted and both are made again."""
-        host, rootfs = self._hostroot(sid), self._rootfs(sid)
-        base = self._uid_base(sid)
-        devs = mounts.loop_devices_for(self._disk(sid))
-        plain, view = mounts.mount_at(host), mounts.mount_at(rootfs)
-        if (plain is not None and view is not None and plain.source in devs and view.source in devs
-                and (base == 0 or idmap.is_idmapped(rootfs))):
-            return
-        self._umount(sid)
         try:
-            disks.mount(self._disk(sid), host)
-            idmap.idmapped_bind(host, rootfs, base)
+            rootfs.mount_root(self._disk(sid), self._hostroot(sid), self._rootfs(sid), self._uid_base(sid))
         except StorageError as e:
-            self._umount(sid)
             raise NodeError("boot_failed", f"mounting the disk: {e}") from e
 
     def _umount(self, sid: str, wait: float = 15.0) -> None:
@@ -301,13 +280,7 @@ class LocalNode:
         and wait until no loop device holds the image any more, so the next e2fsck/resize2fs/reflink sees a quiet
         file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
         unmount, and the loop device then detaches lazily)."""
-        rootfs = os.path.realpath(self._rootfs(sid))
-        for _ in range(8):
-            mps = [mp for dev in mounts.loop_devices_for(self._disk(sid)) for mp in mounts.mountpoints_of(dev)]
-            if not mps:
-                break
-            mps.sort(key=lambda mp: str(mp) != rootfs)
-            disks.umount(mps[0])
+        rootfs.umount_root(self._disk(sid), self._rootfs(sid))
         deadline = time.monotonic() + wait
         while mounts.loop_devices_for(self._disk(sid)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -333,12 +306,11 @@ class LocalNode:
         self._cleanup_container(sid)
         self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
         if "uidBase" not in self._record(sid):
-            with self._lease_lock, file_lock(self.settings.home / ".uidmap.lock"):
-                try:
-                    self._set_phase(sid, self._record(sid)["phase"],
-                                    uidBase=idmap.lowest_free_base(self._taken_uid_bases()))
-                except StorageError as e:
-                    raise NodeError(e.code, str(e)) from e
+            try:
+                with self._lease_lock, rootfs.uid_range(self.settings.home, self.settings.volume) as base:
+                    self._set_phase(sid, self._record(sid)["phase"], uidBase=base)
+            except StorageError as e:
+                raise NodeError(e.code, str(e)) from e
         rec = self._record(sid)
         self._mount(sid)
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
@@ -911,27 +883,6 @@ class LocalNode:
         is 0 there); read and write it with :mod:`sbx.node.guestfs` only."""
         self._require_running(sid)
         yield self._hostroot(sid)
-
-
-def taken_uid_bases(volume: Path) -> set[int]:
-    """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*/node.json``);
-    a record without one (identity map) counts as 0, unreadable records are skipped."""
-    taken = set()
-    for p in (volume / "nodes").glob("*/sandboxes/*/node.json"):
-        try:
-            taken.add(int(json.loads(p.read_text()).get("uidBase", 0)))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
-    return taken
-
-
-def _private(folder: Path, gid: int) -> None:
-    """Make a sandbox's folder (its disk, seals and memory image; or its bundle with the disk's mounts) reachable
-    only by host root and the sandbox's own shifted group ``gid`` (0750-style ``0710``; ``0700`` for the identity
-    map): restored tasks run as that gid and CRIU opens the memory image through it, while another sandbox's host
-    uid, if it ever reached the host's filesystem, finds every other sandbox's disk closed."""
-    os.chown(folder, 0, gid)
-    folder.chmod(0o710 if gid else 0o700)
 
 
 def _allocated(disk: Path) -> int:

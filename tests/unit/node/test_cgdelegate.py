@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sbx.node import cgdelegate, guestfs
-from sbx.node.agent import taken_uid_bases
+from sbx.node.rootfs import taken_uid_bases
 from sbx.runtime.oci import ContainerSpec, build_config, mount_targets
 from sbx.storage import idmap
 
