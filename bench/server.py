@@ -1,7 +1,8 @@
 """A real ``sbx server`` for the benchmark, run as a subprocess with its own node.
 
 It gets its own state dir and ``HOME`` under a temp dir (so the client config it writes lands there, not in the
-caller's home), node name ``bench``, bridge ``sbxb0``, subnet ``10.92.0.0/16``, free API and proxy ports,
+caller's home), node name ``bench``, bridge ``sbxb0``, subnet ``10.92.0.0/16`` (``SBX_BENCH_NODE``, ``_BRIDGE``,
+``_SUBNET`` override them), free API and proxy ports,
 automatic snapshots off and the test size profile (small 256 MiB, default 512 MiB, large 1 GiB, xlarge 2 GiB).
 It runs in its own session, so a Ctrl-C in the terminal reaches only the benchmark, which then deletes its
 sandboxes through the API before it stops the server.
@@ -29,9 +30,10 @@ from sbx.sdk import Client, SbxError
 from sbx.sdk import protocol as P
 
 VENV_BIN = Path(sys.executable).parent
-NODE_NAME = "bench"
-BRIDGE = "sbxb0"
-SUBNET = "10.92.0.0/16"
+# SBX_BENCH_NODE / SBX_BENCH_BRIDGE / SBX_BENCH_SUBNET let two benchmark runs share a host.
+NODE_NAME = os.environ.get("SBX_BENCH_NODE", "bench")
+BRIDGE = os.environ.get("SBX_BENCH_BRIDGE", "sbxb0")
+SUBNET = os.environ.get("SBX_BENCH_SUBNET", "10.92.0.0/16")
 PROFILE = "test"
 
 

@@ -97,6 +97,9 @@ class Settings:
     before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""
     max_body_bytes: int = 1 << 20
     """Largest JSON request body the API takes (413 ``body_too_large`` above it); file uploads are not capped."""
+    memory_reserve_mib: int = 1024
+    """Host memory (MiB) kept out of every sandbox of a node together: the node's parent cgroup ``/sbx/<node>`` is
+    capped at the host's RAM minus this (issue 17)."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -148,6 +151,7 @@ _ENV_FIELDS = {
     "SBX_AUTO_SNAPSHOT_KEEP": ("auto_snapshot_keep", int),
     "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
     "SBX_MAX_BODY_BYTES": ("max_body_bytes", int),
+    "SBX_MEMORY_RESERVE_MIB": ("memory_reserve_mib", int),
 }
 
 

@@ -10,7 +10,13 @@
 - ``<node_dir>/sandboxes/<id>/node.json``: the node's record (spec, lease, phase) written before and after every
   side effect, so :meth:`LocalNode.reconcile` can put a sandbox back in a consistent state after a crash;
 - ``<node_dir>/snapshots/<name>.ext4`` (+ ``.json``): named snapshots;
-- ``/run/sbx/<node>/``: runc's state root and the OCI bundles (``config.json`` + the disk's mount point).
+- ``/run/sbx/<node>/``: runc's state root and the OCI bundles: ``config.json``, the disk's plain mount
+  ``bundles/<id>/disk`` (the host's view, where every host-side write goes) and its idmapped view
+  ``bundles/<id>/rootfs`` (the container's root: owners shifted into the sandbox's own host uid range).
+
+uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own (``uidBase`` in
+``node.json``; :mod:`sbx.node.rootfs`). Records made before shifted maps have no ``uidBase``: they keep the
+identity map while their memory image is restored and get a range of their own at their next cold boot.
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
 is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it
@@ -40,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgroup, egress, guestfs, lxcfs, network, recovery, watch
+from sbx.node import cgdelegate, cgroup, egress, guestfs, lxcfs, network, recovery, rootfs, watch
 from sbx.node.types import (
     ExecEvent,
     JobInfo,
@@ -127,7 +133,9 @@ class LocalNode:
         self._image = ensure_image(self.settings, progress)
         for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
             d.mkdir(parents=True, exist_ok=True)
+        self.snapshots_dir.chmod(0o700)  # snapshots are sandbox disks: no sandbox's host uid may read them
         lxcfs.ensure_lxcfs()
+        cgdelegate.set_node_limits(self.settings.node_name, self.settings.memory_reserve_mib)
         say("network")
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name,
                               egress.egress_policy(self.settings.egress_allow))
@@ -159,7 +167,16 @@ class LocalNode:
         return self.run_dir / "bundles" / sid
 
     def _rootfs(self, sid: str) -> Path:
+        """The container's root: the idmapped view of the disk (host root can't write through it: EOVERFLOW)."""
         return self._bundle(sid) / "rootfs"
+
+    def _hostroot(self, sid: str) -> Path:
+        """The disk's plain mount: the host's unshifted view, for every write the host makes."""
+        return self._bundle(sid) / "disk"
+
+    def _uid_base(self, sid: str) -> int:
+        """First host uid/gid of the sandbox's map (0: identity map of a sandbox made before shifted maps)."""
+        return int(self._record(sid).get("uidBase", 0))
 
     def _cgroup_path(self, sid: str) -> str:
         return f"/sbx/{self.settings.node_name}/{sid}"
@@ -201,12 +218,18 @@ class LocalNode:
         return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
 
     def _new_record(self, spec: SandboxSpec, **extra: Any) -> None:
-        """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease)."""
+        """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease, a uid
+        range of its own)."""
         self._dir(spec.id).mkdir(parents=True, exist_ok=True)
         with self._lease_lock:  # two creates at once must not pick the same address
-            rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
-                   "size": spec.size.name, "oomKills": 0, **extra}
-            self._save(spec.id, rec)
+            try:
+                with rootfs.uid_range(self.settings.home, self.settings.volume) as base:
+                    rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
+                           "size": spec.size.name, "oomKills": 0, "uidBase": base, **extra}
+                    self._save(spec.id, rec)
+            except StorageError as e:
+                raise NodeError(e.code, str(e)) from e
+        rootfs.make_private(self._dir(spec.id), base)
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
@@ -216,6 +239,9 @@ class LocalNode:
 
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
         bundle = self._bundle(sid)
+        bundle.mkdir(parents=True, exist_ok=True)
+        for folder in (bundle, self._dir(sid)):  # again on every boot: a crash may have come before the first
+            rootfs.make_private(folder, rec.get("uidBase", 0))
         lxcfs_dir = lxcfs.ensure_lxcfs()  # a probe when it lives; restarts it when its daemon died
         self._rootfs(sid).mkdir(parents=True, exist_ok=True)
         (bundle / "lease.json").write_text(json.dumps(rec["lease"]))
@@ -230,8 +256,9 @@ class LocalNode:
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
+            uid_base=rec.get("uidBase", 0),
             hook_argv=[sys.executable, "-m", "sbx.node.nethook", str(bundle / "lease.json"), self.settings.bridge,
-                       self.settings.node_name],
+                       self.settings.node_name, self._cgroup_path(sid), str(rec.get("uidBase", 0))],
             hook_env=[
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
@@ -243,22 +270,28 @@ class LocalNode:
         # Legacy cgroup mode for systemd: no inotify watches on cgroup2 `cgroup.events` files, which CRIU
         # cannot reopen on restore (measured here: "fsnotify: Unable to open .../cgroup.events").
         config["process"]["env"].append("SYSTEMD_PROC_CMDLINE=systemd.legacy_systemd_cgroup_controller=1")
+        try:
+            rootfs.precreate_mount_targets(self._hostroot(sid), config)
+        except (guestfs.UnsafePath, OSError) as e:
+            raise NodeError("boot_failed", f"mount targets: {e}") from e
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         return bundle
 
     def _mount(self, sid: str) -> None:
-        rootfs = self._rootfs(sid)
-        rootfs.mkdir(parents=True, exist_ok=True)
-        if disks.mounted_at(self._disk(sid)) is None:
-            disks.mount(self._disk(sid), rootfs)
+        """Mount the disk plainly at :meth:`_hostroot` and its idmapped view (shifted to the sandbox's uid range)
+        at :meth:`_rootfs`; nothing to do when both are there. After a host reboot or a crash between the two
+        mounts, whatever is left is unmounted and both are made again."""
+        try:
+            rootfs.mount_root(self._disk(sid), self._hostroot(sid), self._rootfs(sid), self._uid_base(sid))
+        except StorageError as e:
+            raise NodeError("boot_failed", f"mounting the disk: {e}") from e
 
     def _umount(self, sid: str, wait: float = 15.0) -> None:
-        """Unmount the sandbox's disk and wait until no loop device holds the image any more, so the next
-        e2fsck/resize2fs/reflink sees a quiet file (a dying container's mount namespace can keep the filesystem
-        alive for a moment after the host's unmount, and the loop device then detaches lazily)."""
-        mp = disks.mounted_at(self._disk(sid))
-        if mp is not None:
-            disks.umount(mp)
+        """Unmount the sandbox's disk (the idmapped view first, then the plain mount, then any other mount of it)
+        and wait until no loop device holds the image any more, so the next e2fsck/resize2fs/reflink sees a quiet
+        file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
+        unmount, and the loop device then detaches lazily)."""
+        rootfs.umount_root(self._disk(sid), self._rootfs(sid))
         deadline = time.monotonic() + wait
         while mounts.loop_devices_for(self._disk(sid)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -266,7 +299,7 @@ class LocalNode:
     def _write_identity(self, sid: str, hostname: str, fresh: bool) -> None:
         """Write hostname, hosts, resolv.conf (and, for a new identity, machine-id and /etc/sbx/identity) into
         the mounted disk, never following the guest's symlinks (:mod:`sbx.node.guestfs`)."""
-        root = self._rootfs(sid)
+        root = self._hostroot(sid)
         guestfs.write_file(root, "etc/hostname", f"{hostname}\n".encode())
         guestfs.write_file(
             root, "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n::1 localhost ip6-localhost\n".encode()
@@ -277,11 +310,19 @@ class LocalNode:
             guestfs.write_file(root, "etc/sbx/identity", f"{sid} {secrets.token_hex(8)}\n".encode())
 
     def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None:
-        """Cold boot from the disk: mount, write identity, start runc, wait for systemd."""
-        rec = self._record(sid)
+        """Cold boot from the disk: mount, write identity, start runc, wait for systemd. A sandbox made before
+        shifted maps gets its own uid range here (nothing on disk changes; only a memory restore needed the
+        identity map)."""
         self._discard_memory(sid)
         self._cleanup_container(sid)
         self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
+        if "uidBase" not in self._record(sid):
+            try:
+                with self._lease_lock, rootfs.uid_range(self.settings.home, self.settings.volume) as base:
+                    self._set_phase(sid, self._record(sid)["phase"], uidBase=base)
+            except StorageError as e:
+                raise NodeError(e.code, str(e)) from e
+        rec = self._record(sid)
         self._mount(sid)
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
         self._write_shutdown_hook(sid)
@@ -575,7 +616,7 @@ class LocalNode:
             if keep_memory:
                 mem = self._memory(id)
                 try:
-                    self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work")
+                    self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
                     recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
                     saved = True
@@ -977,7 +1018,7 @@ class LocalNode:
 
     def _write_shutdown_hook(self, sid: str) -> None:
         """Install the guest's shutdown hook (it tells a reboot from a power-off) and clear the last word."""
-        root = self._rootfs(sid)
+        root = self._hostroot(sid)  # host writes go through the plain mount (EOVERFLOW through the idmapped one)
         guestfs.write_file(root, watch.HOOK_PATH, watch.HOOK_SCRIPT.encode(), mode=0o755)
         guestfs.write_file(root, watch.KIND_FILE, b"")
 
@@ -1055,7 +1096,7 @@ class LocalNode:
         if rec.get("phase") != "running" or watch.init_alive(self.run_dir / "runc" / sid / "state.json"):
             return None
         try:
-            word = guestfs.read_file(self._rootfs(sid), watch.KIND_FILE, limit=64).decode(errors="replace")
+            word = guestfs.read_file(self._hostroot(sid), watch.KIND_FILE, limit=64).decode(errors="replace")
         except (OSError, guestfs.UnsafePath):
             word = ""
         kind = watch.exit_kind(word)
@@ -1113,9 +1154,10 @@ class LocalNode:
 
     @contextmanager
     def mounted_root(self, sid: str) -> Iterator[Path]:
-        """The host path of a running sandbox's root filesystem (read with :mod:`sbx.node.guestfs` only)."""
+        """The host path of a running sandbox's root filesystem, unshifted (owners as on disk: the sandbox's root
+        is 0 there); read and write it with :mod:`sbx.node.guestfs` only."""
         self._require_running(sid)
-        yield self._rootfs(sid)
+        yield self._hostroot(sid)
 
 
 def _allocated(disk: Path) -> int:

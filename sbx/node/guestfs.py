@@ -71,6 +71,26 @@ def write_file(root: Path, relpath: str, data: bytes, mode: int = 0o644, uid: in
         os.close(dfd)
 
 
+def ensure_path(root: Path, relpath: str, is_file: bool = False) -> None:
+    """Make ``root/relpath`` exist (parents created 0755, owned by the writer): an empty 0644 file when
+    ``is_file``, else a 0755 directory. Whatever is there already is left alone. Raises :class:`UnsafePath` when a
+    component on the way is a symlink."""
+    parts = _parts(relpath)
+    if not parts:
+        return
+    if not is_file:
+        os.close(_open_dir(root, parts, create=True))
+        return
+    dfd = _open_dir(root, parts[:-1], create=True)
+    try:
+        try:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.close(os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd))
+    finally:
+        os.close(dfd)
+
+
 def read_file(root: Path, relpath: str, limit: int = 1 << 20) -> bytes:
     """Read at most ``limit`` bytes of ``root/relpath``. Raises :class:`UnsafePath` on a symlink,
     ``FileNotFoundError`` when absent."""

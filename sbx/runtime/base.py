@@ -37,7 +37,7 @@ class Runtime(Protocol):
         to ``pid_file`` (it leads its own process group, so killing ``-pid`` kills the group)."""
         ...
 
-    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path) -> None:
+    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0) -> None:
         """Dump the container's processes and memory into ``image_dir`` and stop it."""
         ...
 

@@ -4,8 +4,10 @@ A sandbox is a runc container that behaves like a small machine: systemd 252 as 
 uts, ipc, cgroup and network namespaces, tmpfs ``/run``, ``/run/lock`` and ``/tmp``. The choices below come from
 what was measured to let CRIU checkpoint such a container on this kernel (``shared/notes/runtime-facts.md``):
 
-- a user namespace with an identity uid/gid map, because the host lacks ``CAP_SYS_RESOURCE`` (without it CRIU
-  fails with "Can't get rlimit" for services running as non-root);
+- a user namespace (without one CRIU fails with "Can't get rlimit" for services running as non-root, the host
+  lacking ``CAP_SYS_RESOURCE``) whose map shifts sandbox uids/gids 0..65535 to the sandbox's own host range
+  ``uid_base``.. (issue 17: the sandbox's root is no uid the host knows); the root path is an idmapped mount of
+  the disk (:mod:`sbx.storage.idmap`) and the prestart hook delegates the cgroups (:mod:`sbx.node.cgdelegate`);
 - runc creates the network namespace itself and a ``prestart`` hook wires the veth, because runc runs the
   hook again on restore (a netns made with ``ip netns add`` does not mix with a user namespace);
 - ``container=oci`` in the environment and SIGRTMIN+3 (37) to ask systemd to halt;
@@ -16,6 +18,7 @@ The layout follows the OCI runtime spec, config.json section (opencontainers/run
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +38,7 @@ CAPABILITIES = [
 # systemd's halt request (man systemd, "Signals": SIGRTMIN+3).
 STOP_SIGNAL = 37
 
-# uid/gid map: identity for 0..65535. A shifted map is future work (runtime-facts: "not tried yet").
+# uid/gid map size: sandbox ids 0..65535 map to host uid_base..uid_base+65535.
 ID_MAP_SIZE = 65536
 
 CFS_PERIOD_US = 100_000
@@ -73,6 +76,8 @@ class ContainerSpec:
     - ``cgroup_path``: path of the container's cgroup under each controller, e.g. ``/sbx/node0/sb_x``.
     - ``hook_argv``: the command runc runs as a ``prestart`` hook (network wiring) on create and restore.
     - ``pids_limit``: max tasks.
+    - ``uid_base``: first host uid/gid of the sandbox's map (0: the identity map of sandboxes made before
+      shifted maps).
     - ``lxcfs_dir``: where LXCFS is mounted on the host (``/var/lib/lxcfs``); when set, its per-container
       ``/proc`` files are bind-mounted over the container's, so ``free`` shows the memory limit and ``uptime``
       the sandbox's own boot (LXCFS docs: the ``proc/*`` files it serves). CRIU treats them as external bind
@@ -88,13 +93,31 @@ class ContainerSpec:
     hook_env: list[str] = field(default_factory=list)
     pids_limit: int = 8192
     lxcfs_dir: str | None = None
+    uid_base: int = 0
     annotations: dict[str, str] = field(default_factory=dict)
+
+
+def mount_targets(config: dict[str, Any]) -> list[tuple[str, bool]]:
+    """``(destination, is_file)`` of every mount in ``config`` whose target lies on the root filesystem, i.e. not
+    below another tmpfs/proc/sysfs mount of the config other than ``/proc`` itself (LXCFS binds its files over
+    ``/proc/<name>`` and runc's restore creates those targets on the root path: measured). A bind of a file
+    source is a file target."""
+    mounts = config.get("mounts", [])
+    virtual = {m["destination"] for m in mounts if m.get("type") in ("tmpfs", "sysfs", "devpts", "mqueue")}
+    out = []
+    for m in mounts:
+        dest = m["destination"]
+        if any(dest.startswith(v + "/") for v in virtual):
+            continue
+        is_file = m.get("type") == "bind" and (dest.startswith("/proc/") or os.path.isfile(m.get("source", "")))
+        out.append((dest, is_file))
+    return out
 
 
 def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
     """Return the OCI ``config.json`` document (a dict) for ``spec``; ``rootfs`` is relative to the bundle."""
     caps = list(CAPABILITIES)
-    idmap = [{"containerID": 0, "hostID": 0, "size": ID_MAP_SIZE}]
+    idmap = [{"containerID": 0, "hostID": spec.uid_base, "size": ID_MAP_SIZE}]
     hooks: dict[str, Any] = {}
     if spec.hook_argv:
         hooks["prestart"] = [

@@ -102,13 +102,19 @@ class RuncRuntime:
                                         f"{p.stderr.decode(errors='replace').strip()[-1000:]}")
         return p.stdout
 
-    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path) -> None:
+    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0) -> None:
         """Dump with ``--tcp-established`` so an open connection (an ssh session, a client of a server inside)
         does not block the stop; the bundle's CRIU config (:data:`CRIU_CONFIG`) restores such connections closed,
-        so their processes see a reset while listeners keep answering."""
+        so their processes see a reset while listeners keep answering. ``image_gid``: the sandbox's shifted root
+        group; the image directory is made group-owned by it with mode 0750, because restored tasks of a shifted
+        map run as that host uid/gid and CRIU opens images from them ("Unable to open tty-info.img: Permission
+        denied" otherwise: runtime-facts)."""
         for d in (image_dir, work_dir):
             remove_tree(d)
         image_dir.mkdir(mode=0o700, parents=True)
+        if image_gid:
+            os.chown(image_dir, 0, image_gid)
+            image_dir.chmod(0o750)
         work_dir.mkdir(mode=0o700, parents=True)
         try:
             self._run("checkpoint", self.cmd("--criu", str(self.criu), "checkpoint", "--image-path", str(image_dir),

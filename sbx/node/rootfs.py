@@ -1,0 +1,94 @@
+"""A sandbox's root filesystem on the host under a shifted uid map (issue 17): its uid range, the disk's two mounts
+and the folders only it and host root may enter.
+
+- uid range: each sandbox maps its uids/gids 0..65535 to a host range of its own starting at ``uidBase`` (stored in
+  its ``node.json``; :func:`sbx.storage.idmap.uid_base`): the lowest range no sandbox of any node on the host holds,
+  picked by :func:`uid_range` under a host-wide lock.
+- mounts: the disk is loop-mounted plainly at ``bundles/<id>/disk`` (the host's unshifted view, where every host-side
+  write goes) and an idmapped view of that mount at ``bundles/<id>/rootfs`` is the container's root
+  (:mod:`sbx.storage.idmap`; the disk is never chowned).
+- folders: a sandbox's folder (disk, seals, memory image) and its bundle are ``0710`` root:``uidBase``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sbx.node import guestfs
+from sbx.runtime.oci import mount_targets
+from sbx.storage import disk as disks
+from sbx.storage import idmap, mounts
+from sbx.storage.locks import file_lock
+
+
+def taken_uid_bases(volume: Path) -> set[int]:
+    """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*/node.json``);
+    a record without one (identity map) counts as 0, unreadable records are skipped."""
+    taken = set()
+    for p in (volume / "nodes").glob("*/sandboxes/*/node.json"):
+        try:
+            taken.add(int(json.loads(p.read_text()).get("uidBase", 0)))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return taken
+
+
+@contextmanager
+def uid_range(home: Path, volume: Path) -> Iterator[int]:
+    """Hold the host-wide uid-range lock (``<home>/.uidmap.lock``: every node on the host draws from one pool) and
+    yield the lowest free range base; save the record that claims it inside the ``with`` block. Raises
+    ``StorageError("no_uid_range")`` when every range is taken."""
+    with file_lock(home / ".uidmap.lock"):
+        yield idmap.lowest_free_base(taken_uid_bases(volume))
+
+
+def make_private(folder: Path, gid: int) -> None:
+    """Make a sandbox's folder (its disk, seals and memory image; or its bundle with the disk's mounts) reachable
+    only by host root and the sandbox's own shifted group ``gid`` (``0710``; ``0700`` for the identity map):
+    restored tasks run as that gid and CRIU opens the memory image through it, while another sandbox's host uid,
+    were it ever to reach the host's filesystem, finds every other sandbox's disk closed."""
+    os.chown(folder, 0, gid)
+    folder.chmod(0o710 if gid else 0o700)
+
+
+def mount_root(image: Path, host: Path, rootfs: Path, base: int) -> None:
+    """Mount the disk ``image`` plainly at ``host`` and its view shifted by ``base`` (0: a plain bind) at
+    ``rootfs``; nothing to do when both are there. After a host reboot or a crash between the two mounts, whatever
+    is left is unmounted and both are made again. Raises ``StorageError`` (nothing is left mounted then)."""
+    devs = mounts.loop_devices_for(image)
+    plain, view = mounts.mount_at(host), mounts.mount_at(rootfs)
+    if (plain is not None and view is not None and plain.source in devs and view.source in devs
+            and (base == 0 or idmap.is_idmapped(rootfs))):
+        return
+    umount_root(image, rootfs)
+    try:
+        disks.mount(image, host)
+        idmap.idmapped_bind(host, rootfs, base)
+    except Exception:
+        umount_root(image, rootfs)
+        raise
+
+
+def umount_root(image: Path, rootfs: Path) -> None:
+    """Unmount every mount of the disk ``image``: the view at ``rootfs`` first, then the plain mount (which detaches
+    the loop device). Raises ``StorageError("busy")`` when one is in use."""
+    first = os.path.realpath(rootfs)
+    for _ in range(8):
+        mps = [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
+        if not mps:
+            return
+        mps.sort(key=lambda mp: str(mp) != first)
+        disks.umount(mps[0])
+
+
+def precreate_mount_targets(host: Path, config: dict[str, Any]) -> None:
+    """Make the mount targets of the OCI ``config`` on the plain mount ``host``: runc's restore creates missing ones
+    as host root through the root path, which the idmapped view refuses (EOVERFLOW, measured for the LXCFS files
+    over ``/proc/*``). Raises :class:`sbx.node.guestfs.UnsafePath` or ``OSError``."""
+    for dest, is_file in mount_targets(config):
+        guestfs.ensure_path(host, dest, is_file=is_file)
