@@ -111,7 +111,7 @@ def test_stop_resume_keeps_pid_and_memory(node, sandbox):
         time.sleep(0.2)
     pid, digest = node.job_output(sandbox.id, job.id, "stdout").decode().split()
     run(node, sandbox.id, "echo kept > ~/home-file; echo tmp > /tmp/tmp-file")
-    assert node.stop(sandbox.id) is True
+    assert node.stop(sandbox.id).memory_saved is True
     assert node.status(sandbox.id) == "checkpointed"
     result = node.resume(sandbox.id, sandbox)
     assert result.memory_restored is True and result.reason is None
@@ -145,7 +145,7 @@ def test_stop_with_an_open_tcp_connection_keeps_memory(node, sandbox):
             time.sleep(0.2)
     conn.sendall(b"ping")
     assert conn.recv(10) == b"ping"
-    assert node.stop(sandbox.id) is True  # the established connection does not block the checkpoint
+    assert node.stop(sandbox.id).memory_saved is True  # the established connection does not block the checkpoint
     assert node.resume(sandbox.id, sandbox).memory_restored is True
     conn.settimeout(5)
     with pytest.raises(OSError):  # the old connection comes back closed (CRIU tcp-close) ...
@@ -197,7 +197,7 @@ def _fake_other_host(node, sid):
 def test_cpu_mismatch_falls_back_to_cold_boot(node, sandbox):
     run(node, sandbox.id, "echo kept > ~/home-file")
     node.exec_detached(sandbox.id, "sleep 1000")
-    assert node.stop(sandbox.id) is True
+    assert node.stop(sandbox.id).memory_saved is True
     _fake_other_host(node, sandbox.id)
     started = time.monotonic()
     with pytest.raises(NodeError) as e:
@@ -214,7 +214,7 @@ def test_cpu_mismatch_falls_back_to_cold_boot(node, sandbox):
 def test_require_memory_waits_for_a_matching_host_and_restores(node, sandbox):
     node.exec_detached(sandbox.id, "sleep 1000")
     before, _, _ = run(node, sandbox.id, "pgrep -x sleep")
-    assert node.stop(sandbox.id) is True
+    assert node.stop(sandbox.id).memory_saved is True
     undo = _fake_other_host(node, sandbox.id)
     timer = threading.Timer(1.5, undo)  # a matching host "comes up" while the resume waits
     timer.start()
@@ -286,7 +286,7 @@ def test_sandboxes_reach_neither_each_other_nor_the_host(node, sandbox):
 def test_a_failed_restore_cold_boots_and_keeps_the_error(node, sandbox):
     run(node, sandbox.id, "echo kept > ~/home-file")
     node.exec_detached(sandbox.id, "sleep 1000")
-    assert node.stop(sandbox.id) is True
+    assert node.stop(sandbox.id).memory_saved is True
     memory = node.settings.node_dir / "sandboxes" / sandbox.id / "memory"
     for pages in memory.glob("pages-*.img"):  # a damaged memory image (host.json still says it is complete)
         pages.write_bytes(b"\0" * 16)
