@@ -30,7 +30,8 @@ Endpoints::
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
 error). Statuses: 400 invalid_type / invalid_resize / invalid_require_memory / invalid_snapshot_name /
 invalid_name / invalid_ttl, 401 unauthorized, 404 not_found, 409 busy / snapshots_disabled / snapshot_exists /
-invalid_state / not_running / memory_unavailable, 422 invalid_request, 502 for a failing node.
+invalid_state / not_running / memory_unavailable, 422 invalid_request, 502 for a failing node, 507
+insufficient_capacity when create, resume or fork would overfill the node's memory or disk (nothing changes).
 """
 
 from __future__ import annotations
@@ -72,6 +73,20 @@ log = logging.getLogger("sbx.api")
 
 NDJSON = "application/x-ndjson"
 WAIT_TIMEOUT = 900.0
+
+CAPACITY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    507: {
+        "description": "insufficient_capacity: the node cannot hold the sandbox's memory (sum of memory limits of "
+        "sandboxes that are not stopped, against (host RAM - SBX_MEMORY_RESERVE_MIB) x SBX_MEMORY_OVERCOMMIT) or "
+        "its disk (free space under the data volume minus SBX_DISK_RESERVE_GIB); nothing was changed",
+        "content": {"application/json": {"example": {"error": {
+            "code": "insufficient_capacity",
+            "message": "not enough memory on this node for a new small sandbox (4096 MiB): sandboxes that are not "
+            "stopped already hold 90112 MiB of the 92324 MiB this node may promise ((24105 MiB RAM - 1024 MiB "
+            "reserve) x overcommit 4); stop or delete a sandbox, or raise SBX_MEMORY_OVERCOMMIT"}}}},
+    }
+}
+"""OpenAPI ``responses`` of the operations that admit a sandbox (create, resume, fork)."""
 
 
 def _error(status: int, code: str, message: str, state: str | None = None, headers: dict[str, str] | None = None
@@ -204,7 +219,7 @@ def create_app(
     WaitQ = Query(False, alias="wait", description="answer when the operation has finished")
     TimeoutQ = Query(WAIT_TIMEOUT, alias="timeout", ge=0, description="longest wait in seconds with wait=true")
 
-    @v1.post("/sandboxes", status_code=202, tags=["sandboxes"])
+    @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], responses=CAPACITY_RESPONSES)
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Create a sandbox; answers 202 in state ``provisioning`` (or 200 once running with ``?wait=true``)."""
         row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
@@ -236,7 +251,7 @@ def create_app(
         row = cp.stop(sandbox_id, keep_memory=(body or StopSandbox.model_validate({})).keep_memory)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], responses=CAPACITY_RESPONSES)
     def resume_sandbox(
         sandbox_id: str, body: ResumeSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -246,7 +261,7 @@ def create_app(
         row = cp.resume(sandbox_id, b.type, b.require_memory, b.ttl)
         return accepted(row, wait_, timeout)
 
-    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"])
+    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"], responses=CAPACITY_RESPONSES)
     def fork_sandbox(
         sandbox_id: str, body: ForkSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:

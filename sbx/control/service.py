@@ -27,13 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sbx.config import Settings, Size
+from sbx.control import capacity
+from sbx.control.capacity import HostResources
 from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, from_node, not_found
 from sbx.control.files import Files
 from sbx.control.ids import new_sandbox_id, new_subdomain, sandbox_url
 from sbx.control.routes import Routes
 from sbx.control.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
 from sbx.control.store import SandboxRow, SnapshotRow, Store, iso, utcnow
+from sbx.control.trim import Trimmer
 from sbx.node.types import JobInfo, NodeAgent, NodeError, SandboxSpec, SnapshotInfo, Stats
+from sbx.storage.volume import trim_volume
 
 log = logging.getLogger("sbx.control")
 
@@ -157,7 +161,9 @@ class ControlPlane:
 
     ``settings`` gives sizes, domain and defaults; ``node`` does the work; ``store`` defaults to a
     :class:`Store` at ``settings.db_url``; ``wait`` bounds how long a conflicting request waits for an operation in
-    flight (seconds). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
+    flight (seconds). ``host`` measures the host for admission (default :func:`sbx.control.capacity.probe_host`);
+    ``trim`` gives freed volume space back to the host (default :func:`sbx.storage.volume.trim_volume`, run by a
+    :class:`Trimmer`). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
     """
 
     def __init__(
@@ -167,6 +173,8 @@ class ControlPlane:
         store: Store | None = None,
         wait: float = DEFAULT_WAIT,
         workers: int = 8,
+        host: Callable[[], HostResources] | None = None,
+        trim: Callable[[], int | None] | None = None,
     ):
         self.settings = settings
         self.node = node
@@ -178,6 +186,8 @@ class ControlPlane:
         self._closed = False
         self.routes = Routes(self)
         self.files = Files(self)
+        self._host = host or (lambda: capacity.probe_host(settings))
+        self.trimmer = Trimmer(trim or (lambda: trim_volume(settings)), settings.trim_seconds)
 
     # views -----------------------------------------------------------------------------------------------------
     def _size(self, name: str) -> Size:
@@ -228,6 +238,16 @@ class ControlPlane:
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
         return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env))
+
+    def _admit(self, size: Size, what: str, exclude: str | None = None) -> None:
+        """Raise ``507 insufficient_capacity`` when the node cannot take ``what`` at ``size`` (see
+        :mod:`sbx.control.capacity`), not counting sandbox ``exclude``. The caller holds ``self.lifecycle.cond`` and
+        writes the new state before releasing it, so the check and the state change are one step."""
+        committed = capacity.committed_memory_mib(self.store.list_sandboxes(), self.settings, exclude)
+        err = capacity.refusal(self.settings, self._host(), committed, size, what)
+        if err is not None:
+            log.info("refused %s: %s", what, err.message)
+            raise err
 
     # events ----------------------------------------------------------------------------------------------------
     def _on_transition(self, row: SandboxRow, old: str) -> None:
@@ -342,15 +362,18 @@ class ControlPlane:
 
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
         ``auto_resume``: a request on one of its hosted ports resumes it when it is stopped.
-        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
+        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot,
+        507 ``insufficient_capacity`` (nothing is created)."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
         if from_snapshot is not None and self.store.get_snapshot(from_snapshot) is None:
             raise not_found(f"snapshot {from_snapshot}")
-        row = self._add_new_row(
-            "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
-            no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
-        )
+        with self.lifecycle.cond:
+            self._admit(size, f"a new {size.name} sandbox")
+            row = self._add_new_row(
+                "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
+                no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
+            )
         sandbox_id = row.id
         spec = self._spec(row, size)
 
@@ -449,7 +472,7 @@ class ControlPlane:
         ``memoryRestored`` false, ``resumeReason`` "resized"). A running sandbox at the same size is returned as is.
         ``ttl`` replaces the sandbox's ttl when given. Raises 400 ``invalid_type``/``invalid_resize``/
         ``invalid_require_memory``/``invalid_ttl``, 404, 409 ``snapshots_disabled``/``busy``/``invalid_state``/
-        ``memory_unavailable``."""
+        ``memory_unavailable``, 507 ``insufficient_capacity`` (the sandbox stays as it was)."""
         size = self._size(type) if type is not None else None
         if ttl is not None and ttl < 0:
             raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
@@ -461,8 +484,10 @@ class ControlPlane:
                 return done.row
         flags: dict[str, bool] = {}
 
-        def check(row: SandboxRow) -> ControlError | None:
+        def check(row: SandboxRow) -> ControlError | None:  # runs under the lifecycle lock, before the change
             flags["resize"] = self._resume_check(row, size, require_memory)
+            target = size or self._size(row.type)
+            self._admit(target, f"resuming {row.id} as {target.name}", exclude=row.id)
             return None
 
         fields: dict[str, Any] = {"error_code": None, "error_message": None}
@@ -522,7 +547,8 @@ class ControlPlane:
         """Fork ``source_id`` (running or stopped) into a new sandbox: its disk copied copy-on-write, booted fresh
         at ``type`` (default the source's). Returns the new row in ``forking``; the source is left as it is.
         Raises 400 ``invalid_type``/``invalid_resize`` (smaller than the source)/``invalid_name``/``invalid_ttl``,
-        404, 409 ``snapshots_disabled``/``busy``/``invalid_state``."""
+        404, 409 ``snapshots_disabled``/``busy``/``invalid_state``, 507 ``insufficient_capacity`` (nothing is
+        created)."""
         source = self.get(source_id)
         if source.no_snapshots:
             raise ControlError(
@@ -539,11 +565,13 @@ class ControlPlane:
         _check_name_and_ttl(name, ttl)
         source = self.lifecycle.acquire_hold(source_id, {"running", "stopped"}, wait, "fork it")
         try:
-            row = self._add_new_row(
-                "forking", size, f"{source.name} (fork)" if name is None else name,
-                self.settings.fork_default_ttl if ttl is None else ttl, dict(source.env if env is None else env),
-                no_snapshots=False, source_id=source_id,
-            )
+            with self.lifecycle.cond:
+                self._admit(size, f"a {size.name} fork of {source_id}")
+                row = self._add_new_row(
+                    "forking", size, f"{source.name} (fork)" if name is None else name,
+                    self.settings.fork_default_ttl if ttl is None else ttl,
+                    dict(source.env if env is None else env), no_snapshots=False, source_id=source_id,
+                )
             fork_id = row.id
         except BaseException:
             self.lifecycle.release_hold(source_id)
@@ -578,6 +606,7 @@ class ControlPlane:
                 self.store.delete_snapshot(snap.name)
             self.activity.forget(sandbox_id)
             self.lifecycle.transition(sandbox_id, "deleted")
+            self.trimmer.request()
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
@@ -662,6 +691,7 @@ class ControlPlane:
                 if e.code != "not_found":
                     raise from_node(e.code, e.message) from None
             self.store.delete_snapshot(name)
+        self.trimmer.request()
 
     # exec and jobs ---------------------------------------------------------------------------------------------
     def exec(
@@ -819,6 +849,7 @@ class ControlPlane:
                 self._on_transition(updated, row.state)
             if target == "running":
                 self.activity.touch(row.id)
+        self.trimmer.start()
 
     def close(self) -> None:
         """Finish operations in flight and release the database."""
@@ -826,4 +857,5 @@ class ControlPlane:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
+        self.trimmer.stop()
         self.store.close()

@@ -9,6 +9,8 @@ reflink filesystem (XFS or btrfs) at ``settings.volume`` uses that as is.
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +165,61 @@ def unmount_volume(settings: Settings, *, remove_backing: bool = False) -> None:
             run(["losetup", "-d", dev], ok_codes=(0, 1))
         if remove_backing:
             settings.volume_backing.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class FreeSpace:
+    """Room left for data written to the volume: ``free_bytes`` (what an unprivileged writer may still use,
+    ``statvfs`` ``f_bavail``) on ``path``, the tighter of the host filesystem that holds the volume's backing file
+    and the volume itself."""
+
+    free_bytes: int
+    path: str
+
+
+def free_space(settings: Settings) -> FreeSpace:
+    """Where the volume runs out first. A sparse backing file grows on the host's filesystem as sandboxes write, so
+    when the volume is ours (loop-mounted from ``settings.volume_backing``) both that host filesystem and the XFS
+    volume count; a reflink filesystem the host mounts at ``settings.volume`` itself counts alone. An unmounted
+    volume reports the host filesystem under ``settings.home`` (its nearest existing folder). Never raises."""
+    candidates: list[Path] = []
+    if mounts.mount_at(settings.volume) is None:
+        candidates.append(settings.home)
+    else:
+        candidates.append(settings.volume)
+        if _is_ours(settings):
+            candidates.append(settings.volume_backing)
+    best: FreeSpace | None = None
+    for path in candidates:
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            st = os.statvfs(probe)
+        except OSError:
+            continue
+        here = FreeSpace(st.f_bavail * st.f_frsize, str(path))
+        if best is None or here.free_bytes < best.free_bytes:
+            best = here
+    return best or FreeSpace(0, str(settings.home))
+
+
+_TRIMMED = re.compile(r"\((\d+) bytes\) trimmed")
+
+
+def trim_volume(settings: Settings) -> int | None:
+    """``fstrim`` the mounted volume: XFS tells the block device below it which of its blocks are free (deleted
+    sandboxes, snapshots and memory images; holes that sandbox disks punched by discarding), and the loop device
+    punches those ranges out of the sparse backing file, so the space goes back to the host's filesystem. Returns
+    the bytes fstrim reports (every free range, not only new ones; a repeat over ranges already given back costs
+    milliseconds), or None when the volume is not mounted. Servers on one host take turns (a file lock).
+
+    The volume is not mounted with ``-o discard`` instead: XFS ignores that option on a remount, so a volume
+    mounted by an older release would keep its space until every sandbox on the host stopped; a periodic trim
+    works on every volume as it is. Raises ``StorageError("trim_failed")``."""
+    with file_lock(settings.home / ".trim.lock"):
+        if mounts.mount_at(settings.volume) is None:
+            return None
+        out = run(["fstrim", "-v", str(settings.volume)], code="trim_failed").stdout
+    m = _TRIMMED.search(out)
+    return int(m.group(1)) if m else 0
