@@ -174,7 +174,7 @@ class ControlPlane:
         wait: float = DEFAULT_WAIT,
         workers: int = 8,
         host: Callable[[], HostResources] | None = None,
-        trim: Callable[[], int | None] | None = None,
+        trim: Callable[[int | None], int | None] | None = None,
     ):
         self.settings = settings
         self.node = node
@@ -187,7 +187,7 @@ class ControlPlane:
         self.routes = Routes(self)
         self.files = Files(self)
         self._host = host or (lambda: capacity.probe_host(settings))
-        self.trimmer = Trimmer(trim or (lambda: trim_volume(settings)), settings.trim_seconds)
+        self.trimmer = Trimmer(trim or (lambda min_slack: trim_volume(settings, min_slack)), settings.trim_seconds)
 
     # views -----------------------------------------------------------------------------------------------------
     def _size(self, name: str) -> Size:

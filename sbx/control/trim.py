@@ -20,17 +20,32 @@ AFTER_DELETE_DELAY = 1.0
 """Seconds a trim requested by a delete waits, so that a burst of deletes costs one trim."""
 
 
-class Trimmer:
-    """Calls ``trim()`` (returns bytes trimmed, or None when there was nothing to trim) in a daemon thread every
-    ``every`` seconds (0 or less: never on a timer) and :data:`AFTER_DELETE_DELAY` seconds after :meth:`request`.
-    A failing trim is logged and retried at the next turn; it never stops the thread."""
+FOLLOW_UPS = 3
+"""Passes after a trim that gave space back which trim any freed space at all (``min_slack`` of
+:data:`FOLLOW_UP_SLACK`): blocks still being freed then (discards a sandbox's disk sends a while after its journal
+commits, a deleted disk freed in the background by XFS) are given back too, not left under the usual threshold."""
 
-    def __init__(self, trim: Callable[[], int | None], every: float):
+FOLLOW_UP_SECONDS = 5.0
+"""Seconds between follow-up passes."""
+
+FOLLOW_UP_SLACK = 64 * 1024 * 1024
+"""Bytes of freed space a follow-up pass gives back (the usual threshold is the trim function's own)."""
+
+
+class Trimmer:
+    """Calls ``trim(min_slack)`` in a daemon thread every ``every`` seconds (0 or less: never on a timer) and
+    :data:`AFTER_DELETE_DELAY` seconds after :meth:`request`. ``trim`` returns the bytes trimmed, or None when it did
+    not trim; ``min_slack`` is None (its own threshold) except in the :data:`FOLLOW_UPS` passes that follow, every
+    :data:`FOLLOW_UP_SECONDS`, a trim that ran. A failing trim is logged and retried at the next turn; it never stops
+    the thread."""
+
+    def __init__(self, trim: Callable[[int | None], int | None], every: float):
         self._trim = trim
         self.every = every
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._follow = 0
         self.passes = 0
         """Trims done so far (each call of ``trim``, failed or not)."""
 
@@ -52,19 +67,26 @@ class Trimmer:
             self._thread.join(timeout=60)
 
     def run_once(self) -> None:
-        """One trim now, logging the outcome."""
+        """One trim now (a follow-up one while follow-ups are due), logging the outcome."""
         self.passes += 1
+        follow_up = self._follow > 0
+        if follow_up:
+            self._follow -= 1
         try:
-            trimmed = self._trim()
+            trimmed = self._trim(FOLLOW_UP_SLACK if follow_up else None)
         except Exception as e:  # a failed fstrim must not end the thread
             log.warning("trimming the data volume failed: %s", e)
             return
-        if trimmed:
-            log.debug("trimmed %d bytes of the data volume", trimmed)
+        if trimmed is not None:
+            log.info("trimmed the data volume: freed blocks given back to the host%s",
+                     " (follow-up)" if follow_up else "")
+            if not follow_up:
+                self._follow = FOLLOW_UPS
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            requested = self._wake.wait(self.every if self.every > 0 else None)
+            wait = FOLLOW_UP_SECONDS if self._follow > 0 else (self.every if self.every > 0 else None)
+            requested = self._wake.wait(wait)
             if self._stop.is_set():
                 return
             if requested:

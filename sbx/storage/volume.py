@@ -230,20 +230,20 @@ def slack_bytes(settings: Settings) -> int | None:
     return allocated - (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
-def trim_volume(settings: Settings, min_slack: int = TRIM_SLACK_BYTES) -> int | None:
+def trim_volume(settings: Settings, min_slack: int | None = None) -> int | None:
     """Give the volume's free blocks back to the host's filesystem once they add up to ``min_slack`` bytes or more
-    (:func:`slack_bytes`): ``fstrim`` makes XFS tell the loop device below it which blocks are free (deleted
-    sandboxes, snapshots and memory images; holes sandbox disks punched by discarding), and the loop device punches
-    those ranges out of the sparse backing file. Returns the bytes fstrim reports (every free range, also those
-    given back before: a repeat costs milliseconds), or None when it did not run (less slack, a volume that is not
-    a loop-mounted file of ours, not mounted). Servers on one host take turns (a file lock).
+    (default :data:`TRIM_SLACK_BYTES`; :func:`slack_bytes`): ``fstrim`` makes XFS tell the loop device below it
+    which blocks are free (deleted sandboxes, snapshots and memory images; holes sandbox disks punched by
+    discarding), and the loop device punches those ranges out of the sparse backing file. Returns the bytes fstrim
+    reports (every free range, also those given back before: a repeat costs milliseconds), or None when it did not
+    run (less slack, a volume that is not a loop-mounted file of ours, not mounted). Servers on one host take turns (a file lock).
 
     The volume is not mounted with ``-o discard`` instead: XFS ignores that option on a remount, so a volume
     mounted by an older release would keep its space until every sandbox on the host stopped; a trim works on every
     volume as it is, and batches the work. Raises ``StorageError("trim_failed")``."""
     with file_lock(settings.home / ".trim.lock"):
         slack = slack_bytes(settings)
-        if slack is None or slack < min_slack:
+        if slack is None or slack < (TRIM_SLACK_BYTES if min_slack is None else min_slack):
             return None
         trimmed, before = 0, slack
         for attempt in range(TRIM_ATTEMPTS):

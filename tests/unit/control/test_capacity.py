@@ -15,7 +15,7 @@ from sbx.control.capacity import GiB, HostResources
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
 from sbx.control.store import SandboxRow, utcnow
-from sbx.control.trim import Trimmer
+from sbx.control.trim import FOLLOW_UP_SLACK, FOLLOW_UPS, Trimmer
 from tests.fakes import FakeNode, fake_settings, wait_until
 
 SMALL = TEST_SIZES["small"]  # 256 MiB, 2 GiB disk
@@ -96,7 +96,7 @@ class Host:
 
 def _control(tmp_path: Path, node: FakeNode, host: Host) -> ControlPlane:
     settings = fake_settings(tmp_path, memory_reserve_mib=1000, memory_overcommit=1.0, disk_reserve_gib=1.0)
-    cp = ControlPlane(settings, node, wait=5.0, host=host, trim=lambda: None)
+    cp = ControlPlane(settings, node, wait=5.0, host=host, trim=lambda _min: None)
     cp.start()
     return cp
 
@@ -212,7 +212,7 @@ def test_concurrent_creates_never_overfill(tmp_path: Path, node: FakeNode) -> No
 def test_deletes_ask_for_a_trim(tmp_path: Path, node: FakeNode) -> None:
     trims: list[float] = []
     settings = fake_settings(tmp_path, trim_seconds=0)
-    with closing(ControlPlane(settings, node, wait=5.0, trim=lambda: trims.append(1) or 0)) as cp:
+    with closing(ControlPlane(settings, node, wait=5.0, trim=lambda _min: trims.append(1) or 0)) as cp:
         cp.start()
         sid = _running(cp)
         cp.snapshot(sid, "keep")
@@ -225,7 +225,7 @@ def test_deletes_ask_for_a_trim(tmp_path: Path, node: FakeNode) -> None:
 def test_the_trimmer_runs_on_its_timer_and_survives_a_failing_trim() -> None:
     calls: list[int] = []
 
-    def trim() -> int:
+    def trim(_min_slack: int | None) -> int:
         calls.append(1)
         raise OSError("fstrim failed")
 
@@ -236,3 +236,20 @@ def test_the_trimmer_runs_on_its_timer_and_survives_a_failing_trim() -> None:
     finally:
         t.stop()
     assert t.passes >= 3
+
+
+def test_a_trim_that_ran_is_followed_by_passes_that_take_any_freed_space() -> None:
+    mins: list[int | None] = []
+
+    def trim(min_slack: int | None) -> int | None:
+        mins.append(min_slack)
+        return 1 if len(mins) == 1 else None  # the first pass gives space back, the rest find too little
+
+    t = Trimmer(trim, every=0)
+    t.request()
+    t.start()
+    try:
+        wait_until(lambda: len(mins) >= 1 + FOLLOW_UPS, timeout=60)
+    finally:
+        t.stop()
+    assert mins[: 1 + FOLLOW_UPS] == [None] + [FOLLOW_UP_SLACK] * FOLLOW_UPS
