@@ -236,7 +236,8 @@ def trim_volume(settings: Settings, min_slack: int | None = None) -> int | None:
     which blocks are free (deleted sandboxes, snapshots and memory images; holes sandbox disks punched by
     discarding), and the loop device punches those ranges out of the sparse backing file. Returns the bytes fstrim
     reports (every free range, also those given back before: a repeat costs milliseconds), or None when it did not
-    run (less slack, a volume that is not a loop-mounted file of ours, not mounted). Servers on one host take turns (a file lock).
+    run (less slack, a volume that is not a loop-mounted file of ours, not mounted). Servers on one host take
+    turns (a file lock).
 
     The volume is not mounted with ``-o discard`` instead: XFS ignores that option on a remount, so a volume
     mounted by an older release would keep its space until every sandbox on the host stopped; a trim works on every
