@@ -103,10 +103,9 @@ class Settings:
     """Admission (issue 17): a sandbox is refused (``507 insufficient_capacity``) when the host filesystem under the
     data volume (or the volume itself) would keep less than this many GiB free after the new disk's likely growth."""
     trim_seconds: int = 30
-    """Seconds between two checks of the data volume's sparse backing file: once a GiB or more of it holds blocks the
-    volume freed (deleted sandboxes, snapshots, memory images, discards from sandbox disks) it is trimmed, giving
-    them back to the host's filesystem (:func:`sbx.storage.volume.trim_volume`); deletes also ask for a check.
-    0 = only after deletes."""
+    """Seconds between two ``fstrim`` passes of the data volume, which give the blocks it freed (deleted sandboxes,
+    snapshots, memory images, discards from sandbox disks) back to the host's filesystem
+    (:func:`sbx.storage.volume.trim_volume`); deletes also ask for one. 0 = only after deletes."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property

@@ -4,8 +4,7 @@ and soon after each delete.
 Sandbox disks are mounted with ``discard`` (:func:`sbx.storage.disk.mount`), so what a sandbox deletes becomes holes
 in its image file at once; deleting a sandbox, a snapshot or a memory image frees blocks of the XFS volume. Neither
 shrinks the volume's sparse backing file on the host until the volume is trimmed
-(:func:`sbx.storage.volume.trim_volume`, which only runs once a GiB or more is free to give back), which this thread
-asks for.
+(:func:`sbx.storage.volume.trim_volume`), which this thread does.
 """
 
 from __future__ import annotations

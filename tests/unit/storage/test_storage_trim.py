@@ -78,7 +78,7 @@ def test_trim_gives_a_gib_of_freed_volume_space_back_and_skips_small_slack(own: 
     small.unlink()
     os.sync()
     grown = _du(backing)
-    assert volume.trim_volume(own) is None  # under a GiB of slack: not worth fresh holes
+    assert volume.trim_volume(own, min_slack=volume.TRIM_SLACK_BYTES) is None  # under the threshold asked for
     assert _du(backing) >= grown - 50 * MiB
 
     big = own.volume / "big.bin"
