@@ -30,10 +30,11 @@ from sbx.sdk import Client, SbxError
 from sbx.sdk import protocol as P
 
 VENV_BIN = Path(sys.executable).parent
-# SBX_BENCH_NODE / SBX_BENCH_BRIDGE / SBX_BENCH_SUBNET let two benchmark runs share a host.
 NODE_NAME = os.environ.get("SBX_BENCH_NODE", "bench")
 BRIDGE = os.environ.get("SBX_BENCH_BRIDGE", "sbxb0")
 SUBNET = os.environ.get("SBX_BENCH_SUBNET", "10.92.0.0/16")
+"""Node, bridge and subnet of the benchmark's server; SBX_BENCH_NODE / SBX_BENCH_BRIDGE / SBX_BENCH_SUBNET let two
+runs share a host."""
 PROFILE = "test"
 
 

@@ -100,6 +100,18 @@ class Settings:
     memory_reserve_mib: int = 1024
     """Host memory (MiB) kept out of every sandbox of a node together: the node's parent cgroup ``/sbx/<node>`` is
     capped at the host's RAM minus this (issue 17)."""
+    memory_overcommit: float = 4.0
+    """Admission (issue 17): ``new``, ``resume`` and ``fork`` are refused with ``507 insufficient_capacity`` when the
+    memory limits of the node's sandboxes that are not stopped, plus the new one, would pass (host RAM -
+    ``memory_reserve_mib``) x this ratio. 4.0 lets a 24 GiB host run ~360 idle test-profile small sandboxes (256
+    MiB) or ~22 production small ones (4 GiB); see ``sbx.control.capacity``."""
+    disk_reserve_gib: float = 5.0
+    """Admission (issue 17): a sandbox is refused (``507 insufficient_capacity``) when the host filesystem under the
+    data volume (or the volume itself) would keep less than this many GiB free after the new disk's likely growth."""
+    trim_seconds: int = 30
+    """Seconds between two ``fstrim`` passes of the data volume, which give the blocks it freed (deleted sandboxes,
+    snapshots, memory images, discards from sandbox disks) back to the host's filesystem
+    (:func:`sbx.storage.volume.trim_volume`); deletes also ask for one. 0 = only after deletes."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -152,6 +164,9 @@ _ENV_FIELDS = {
     "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
     "SBX_MAX_BODY_BYTES": ("max_body_bytes", int),
     "SBX_MEMORY_RESERVE_MIB": ("memory_reserve_mib", int),
+    "SBX_MEMORY_OVERCOMMIT": ("memory_overcommit", float),
+    "SBX_DISK_RESERVE_GIB": ("disk_reserve_gib", float),
+    "SBX_TRIM_SECONDS": ("trim_seconds", int),
 }
 
 

@@ -348,6 +348,7 @@ def fake_settings(tmp: Path, **overrides: object):  # type: ignore[no-untyped-de
         "profile": "test",
         "node_name": "sbx-ctl-unit",
         "auto_snapshot_seconds": 0,
+        "disk_reserve_gib": 0.0,  # admission must not depend on how full the test machine's disk is
     }
     values.update(overrides)
     return load_settings(**values)

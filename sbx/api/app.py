@@ -35,7 +35,8 @@ error). Statuses: 400 invalid_<field> (a value outside its limits) / invalid_res
 invalid_snapshot_name, 401 unauthorized, 403 permission_denied / protected_path, 404 not_found, 405
 method_not_allowed (with Allow), 409 busy / snapshots_disabled / snapshot_exists / invalid_state / not_running /
 memory_unavailable / cpu_mismatch, 413 body_too_large, 422 invalid_request (not JSON, wrong shape or type), 502 for
-a failing node, 507 no_space.
+a failing node, 507 no_space /
+insufficient_capacity (create, resume or fork would overfill the node's memory or disk; nothing changes).
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ NDJSON = "application/x-ndjson"
 WAIT_TIMEOUT = 900.0
 _DONE: dict[int | str, dict[str, Any]] = {200: {"model": S.SandboxOut, "description": "with wait=true: the sandbox "
                                                 "once the operation has finished"}}
+
+CAPACITY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    507: {
+        "model": S.ErrorBody,
+        "description": "insufficient_capacity: the node cannot hold the sandbox's memory (sum of memory limits of "
+        "sandboxes that are not stopped, against (host RAM - SBX_MEMORY_RESERVE_MIB) x SBX_MEMORY_OVERCOMMIT) or "
+        "its disk (free space under the data volume minus SBX_DISK_RESERVE_GIB); nothing was changed",
+        "content": {"application/json": {"example": {"error": {
+            "code": "insufficient_capacity",
+            "message": "not enough memory on this node for a new small sandbox (4096 MiB): sandboxes that are not "
+            "stopped already hold 90112 MiB of the 92324 MiB this node may promise ((24105 MiB RAM - 1024 MiB "
+            "reserve) x overcommit 4); stop or delete a sandbox, or raise SBX_MEMORY_OVERCOMMIT"}}}},
+    }
+}
+"""OpenAPI ``responses`` of the operations that admit a sandbox (create, resume, fork)."""
 
 
 def _stream(what: str) -> dict[str, Any]:
@@ -190,7 +206,7 @@ def create_app(
                      "wait=true")
 
     @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 404, 502, 507), **_DONE})
+             responses={**S.errors(400, 404, 502, 507), **_DONE, **CAPACITY_RESPONSES})
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
         """Create a sandbox; answers 202 in state ``provisioning`` (or 200 once running with ``?wait=true``)."""
         row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
@@ -233,7 +249,7 @@ def create_app(
         return accepted(row, wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 404, 409, 502, 507), **_DONE})
+             responses={**S.errors(400, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
     def resume_sandbox(
         sandbox_id: str, body: ResumeSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -244,7 +260,7 @@ def create_app(
         return accepted(row, wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 404, 409, 502, 507), **_DONE})
+             responses={**S.errors(400, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
     def fork_sandbox(
         sandbox_id: str, body: ForkSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:

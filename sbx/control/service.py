@@ -28,13 +28,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sbx.config import Settings, Size
+from sbx.control import capacity
+from sbx.control.capacity import HostResources
 from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, from_node, not_found
 from sbx.control.files import Files
 from sbx.control.ids import new_sandbox_id, new_subdomain, sandbox_url
 from sbx.control.routes import Routes
 from sbx.control.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
 from sbx.control.store import SandboxRow, SnapshotRow, Store, iso, utcnow
+from sbx.control.trim import Trimmer
 from sbx.node.types import JobInfo, NodeAgent, NodeError, SandboxSpec, SnapshotInfo, Stats
+from sbx.storage.volume import trim_volume
 
 log = logging.getLogger("sbx.control")
 
@@ -158,7 +162,9 @@ class ControlPlane:
 
     ``settings`` gives sizes, domain and defaults; ``node`` does the work; ``store`` defaults to a
     :class:`Store` at ``settings.db_url``; ``wait`` bounds how long a conflicting request waits for an operation in
-    flight (seconds). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
+    flight (seconds). ``host`` measures the host for admission (default :func:`sbx.control.capacity.probe_host`);
+    ``trim`` gives freed volume space back to the host (default :func:`sbx.storage.volume.trim_volume`, run by a
+    :class:`Trimmer`). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
     """
 
     def __init__(
@@ -168,6 +174,8 @@ class ControlPlane:
         store: Store | None = None,
         wait: float = DEFAULT_WAIT,
         workers: int = 8,
+        host: Callable[[], HostResources] | None = None,
+        trim: Callable[[int | None], int | None] | None = None,
     ):
         self.settings = settings
         self.node = node
@@ -179,6 +187,8 @@ class ControlPlane:
         self._closed = False
         self.routes = Routes(self)
         self.files = Files(self)
+        self._host = host or (lambda: capacity.probe_host(settings))
+        self.trimmer = Trimmer(trim or (lambda min_slack: trim_volume(settings, min_slack)), settings.trim_seconds)
 
     # views -----------------------------------------------------------------------------------------------------
     def _size(self, name: str) -> Size:
@@ -238,6 +248,16 @@ class ControlPlane:
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
         return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env))
+
+    def _admit(self, size: Size, what: str, exclude: str | None = None) -> None:
+        """Raise ``507 insufficient_capacity`` when the node cannot take ``what`` at ``size`` (see
+        :mod:`sbx.control.capacity`), not counting sandbox ``exclude``. The caller holds ``self.lifecycle.cond`` and
+        writes the new state before releasing it, so the check and the state change are one step."""
+        committed = capacity.committed_memory_mib(self.store.list_sandboxes(), self.settings, exclude)
+        err = capacity.refusal(self.settings, self._host(), committed, size, what)
+        if err is not None:
+            log.info("refused %s: %s", what, err.message)
+            raise err
 
     # events ----------------------------------------------------------------------------------------------------
     def _on_transition(self, row: SandboxRow, old: str) -> None:
@@ -358,16 +378,19 @@ class ControlPlane:
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
         ``auto_resume``: an exec, a file call, a shell or a request on one of its hosted ports resumes it when it
         is stopped. ``labels``: string metadata, filtered on by :meth:`list_sandboxes`.
-        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot."""
+        Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot,
+        507 ``insufficient_capacity`` (nothing is created)."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
         if from_snapshot is not None and self.store.get_snapshot(from_snapshot) is None:
             raise not_found(f"snapshot {from_snapshot}")
-        row = self._add_new_row(
-            "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
-            no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
-            labels=dict(labels or {}),
-        )
+        with self.lifecycle.cond:
+            self._admit(size, f"a new {size.name} sandbox")
+            row = self._add_new_row(
+                "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
+                no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
+                labels=dict(labels or {}),
+            )
         sandbox_id = row.id
         spec = self._spec(row, size)
 
@@ -474,7 +497,7 @@ class ControlPlane:
         ``memoryRestored`` false, ``resumeReason`` "resized"). A running sandbox at the same size is returned as is.
         ``ttl`` replaces the sandbox's ttl when given. Raises 400 ``invalid_type``/``invalid_resize``/
         ``invalid_require_memory``/``invalid_ttl``, 404, 409 ``snapshots_disabled``/``busy``/``invalid_state``/
-        ``memory_unavailable``."""
+        ``memory_unavailable``, 507 ``insufficient_capacity`` (the sandbox stays as it was)."""
         size = self._size(type) if type is not None else None
         if ttl is not None and ttl < 0:
             raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
@@ -486,8 +509,10 @@ class ControlPlane:
                 return done.row
         flags: dict[str, bool] = {}
 
-        def check(row: SandboxRow) -> ControlError | None:
+        def check(row: SandboxRow) -> ControlError | None:  # runs under the lifecycle lock, before the change
             flags["resize"] = self._resume_check(row, size, require_memory)
+            target = size or self._size(row.type)
+            self._admit(target, f"resuming {row.id} as {target.name}", exclude=row.id)
             return None
 
         fields: dict[str, Any] = {"error_code": None, "error_message": None}
@@ -547,7 +572,8 @@ class ControlPlane:
         """Fork ``source_id`` (running or stopped) into a new sandbox: its disk copied copy-on-write, booted fresh
         at ``type`` (default the source's). Returns the new row in ``forking``; the source is left as it is.
         Raises 400 ``invalid_type``/``invalid_resize`` (smaller than the source)/``invalid_name``/``invalid_ttl``,
-        404, 409 ``snapshots_disabled``/``busy``/``invalid_state``."""
+        404, 409 ``snapshots_disabled``/``busy``/``invalid_state``, 507 ``insufficient_capacity`` (nothing is
+        created)."""
         source = self.get(source_id)
         if source.no_snapshots:
             raise ControlError(
@@ -564,11 +590,14 @@ class ControlPlane:
         _check_name_and_ttl(name, ttl)
         source = self.lifecycle.acquire_hold(source_id, {"running", "stopped"}, wait, "fork it")
         try:
-            row = self._add_new_row(
-                "forking", size, f"{source.name} (fork)" if name is None else name,
-                self.settings.fork_default_ttl if ttl is None else ttl, dict(source.env if env is None else env),
-                no_snapshots=False, source_id=source_id, labels=dict(source.labels or {}),
-            )
+            with self.lifecycle.cond:
+                self._admit(size, f"a {size.name} fork of {source_id}")
+                row = self._add_new_row(
+                    "forking", size, f"{source.name} (fork)" if name is None else name,
+                    self.settings.fork_default_ttl if ttl is None else ttl,
+                    dict(source.env if env is None else env), no_snapshots=False, source_id=source_id,
+                    labels=dict(source.labels or {}),
+                )
             fork_id = row.id
         except BaseException:
             self.lifecycle.release_hold(source_id)
@@ -603,6 +632,7 @@ class ControlPlane:
                 self.store.delete_snapshot(snap.name)
             self.activity.forget(sandbox_id)
             self.lifecycle.transition(sandbox_id, "deleted")
+            self.trimmer.request()
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
@@ -693,6 +723,7 @@ class ControlPlane:
                 if e.code != "not_found":
                     raise from_node(e.code, e.message) from None
             self.store.delete_snapshot(name)
+        self.trimmer.request()
 
     # exec and jobs ---------------------------------------------------------------------------------------------
     def exec(
@@ -894,6 +925,7 @@ class ControlPlane:
             if target == "running":
                 self.activity.touch(row.id)
         self.node.watch(self._on_node_exit)
+        self.trimmer.start()
 
     def _on_node_exit(self, sandbox_id: str, kind: str, detail: str | None) -> None:
         """The node noticed that a running sandbox ended on its own (called from the node's watcher thread).
@@ -932,4 +964,5 @@ class ControlPlane:
         self._closed = True
         self.node.unwatch()
         self._pool.shutdown(wait=True)
+        self.trimmer.stop()
         self.store.close()

@@ -18,3 +18,13 @@ class SbxError(Exception):
         self.code = code
         self.message = message
         self.status = status
+
+
+class InsufficientCapacity(SbxError):
+    """``507 insufficient_capacity``: the server's node cannot hold one more sandbox's memory or disk right now
+    (``new``, ``resume``, ``fork``); its ``message`` says which, with the figures. Nothing was changed: stop or
+    delete a sandbox and try again."""
+
+
+TYPED_ERRORS: dict[str, type[SbxError]] = {"insufficient_capacity": InsufficientCapacity}
+"""Error codes the SDK raises as their own :class:`SbxError` subclass."""

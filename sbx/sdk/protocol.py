@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sbx.sdk.errors import SbxError
+from sbx.sdk.errors import TYPED_ERRORS, SbxError
 
 LineHandler = Callable[[dict[str, Any]], bool | None]
 ChunkHandler = Callable[[bytes], object]
@@ -69,10 +69,12 @@ class ExecResult:
 
 
 def error_from(status: int, raw: bytes) -> SbxError:
-    """Turn an error answer (``{"error": {"code", "message"}}``) into :class:`SbxError`."""
+    """Turn an error answer (``{"error": {"code", "message"}}``) into :class:`SbxError` (or its subclass for the
+    code, see :data:`sbx.sdk.errors.TYPED_ERRORS`)."""
     try:
         err = json.loads(raw)["error"]
-        return SbxError(str(err["code"]), str(err.get("message", "")), status)
+        code = str(err["code"])
+        return TYPED_ERRORS.get(code, SbxError)(code, str(err.get("message", "")), status)
     except (ValueError, KeyError, TypeError):
         text = raw.decode("utf-8", "replace").strip()[:200]
         return SbxError("bad_response", f"HTTP {status}: {text}", status)

@@ -200,7 +200,10 @@ def mount(path: PathLike, mountpoint: PathLike, *, readonly: bool = False) -> st
     """Loop-mount the ext4 image ``path`` at ``mountpoint`` (created if missing) and return the loop device.
 
     Binds a free loop device (``losetup --find --show``), then mounts it; the device is detached again if the
-    mount fails. Mounting an image again at the same place is a no-op.
+    mount fails. Mounting an image again at the same place is a no-op. A read-write mount uses ``-o discard``:
+    blocks a sandbox frees are discarded as its journal commits, and the loop device turns each discard into a
+    hole punched in the image file, so deleted data stops taking room on the volume (issue 17; the volume's own
+    free blocks go back to the host with :func:`sbx.storage.volume.trim_volume`).
 
     Raises ``StorageError``: ``not_found``, ``busy`` (the image is mounted elsewhere — two mounts of one ext4
     would corrupt it — or something else is mounted at ``mountpoint``), ``command_failed``.
@@ -228,7 +231,7 @@ def mount(path: PathLike, mountpoint: PathLike, *, readonly: bool = False) -> st
         ro = ["--read-only"] if readonly else []
         dev, made = run(["losetup", "--find", "--show", *ro, str(p)]).stdout.strip(), True
     try:
-        run(["mount", "-t", "ext4", "-o", "ro" if readonly else "rw", dev, str(here)])
+        run(["mount", "-t", "ext4", "-o", "ro" if readonly else "rw,discard", dev, str(here)])
     except BaseException:
         if made:
             run(["losetup", "-d", dev], ok_codes=(0, 1))
