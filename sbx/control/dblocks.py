@@ -124,6 +124,15 @@ class LeaderLock:
             self._conn = None
 
     def release(self) -> None:
-        """Give up leadership (closing the session releases the lock)."""
+        """Give up leadership: unlock at once (so another replica may lead on its next try), then return the
+        connection; if that fails the connection is dropped and PostgreSQL releases the lock with the session."""
         with self._mutex:
-            self._drop()
+            if self._conn is None:
+                return
+            try:
+                self._conn.execute(_UNLOCK, {"ns": LEADER_NS, "key": self.name})
+                self._conn.commit()
+                self._conn.close()
+                self._conn = None
+            except Exception:
+                self._drop()
