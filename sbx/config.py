@@ -73,6 +73,9 @@ class Settings:
     - ``egress_allow``: comma-separated IPv4 CIDRs sandboxes may reach although the egress policy denies them by
       default (private, link-local, metadata and the host's networks; :mod:`sbx.node.egress`), e.g.
       ``"10.20.0.0/16,192.168.1.5"``. Empty by default. A bad item stops the server at start.
+    - ``database_url``: a SQLAlchemy URL of a shared PostgreSQL database (psycopg 3), e.g.
+      ``postgresql+psycopg://sbx@/sbx?host=/run/postgresql``; several server replicas may use one. Empty (the
+      default): SQLite at ``state_dir/sbx.db``.
     """
 
     home: Path = Path("/var/lib/sbx")
@@ -81,6 +84,7 @@ class Settings:
     bridge: str = "sbx0"
     subnet: str = "10.88.0.0/16"
     egress_allow: str = ""
+    database_url: str = ""
     domain: str = "sbx.localhost"
     host: str = "127.0.0.1"
     port: int = 7070
@@ -136,7 +140,8 @@ class Settings:
 
     @property
     def db_url(self) -> str:
-        return f"sqlite:///{self.state_dir / 'sbx.db'}"
+        """``database_url`` when set, else the SQLite file ``state_dir/sbx.db``."""
+        return self.database_url or f"sqlite:///{self.state_dir / 'sbx.db'}"
 
     @property
     def api_url(self) -> str:
@@ -154,6 +159,7 @@ _ENV_FIELDS = {
     "SBX_BRIDGE": ("bridge", str),
     "SBX_SUBNET": ("subnet", str),
     "SBX_EGRESS_ALLOW": ("egress_allow", str),
+    "SBX_DATABASE_URL": ("database_url", str),
     "SBX_DOMAIN": ("domain", str),
     "SBX_HOST": ("host", str),
     "SBX_PORT": ("port", int),

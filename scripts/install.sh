@@ -8,8 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root (sbx manages containers, loop devices and networks)" >&2; exit 1; }
 
+pkgs=(python3 python3-venv python3-dev ca-certificates git)
+# --dev: PostgreSQL for the tests of the shared store (they start a throwaway cluster; the system one is unused).
+[ "${1:-}" = "--dev" ] && pkgs+=(postgresql)
 need=()
-for pkg in python3 python3-venv python3-dev ca-certificates git; do
+for pkg in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -7,6 +7,11 @@
   named ``auto-<id>-<YYYYmmddTHHMMSSZ>``; only the newest ``settings.auto_snapshot_keep`` automatic ones are kept.
   Skipped for ``no_snapshots`` sandboxes.
 - Event pruning: once an hour, lifecycle events older than ``settings.event_retention_seconds`` are deleted.
+
+With several server replicas on one PostgreSQL database only the elected one reaps: each tick a replica that does
+not lead tries to take the ``reaper`` leader lock (:class:`sbx.control.dblocks.LeaderLock`); the leader keeps it
+until it stops or dies (PostgreSQL then releases it and another replica takes over on its next tick). TTL uses the
+activity seen by the leader's own process (exec/log streams through other replicas are not counted yet).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import threading
 import time
 
+from sbx.control.dblocks import LeaderLock
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
 from sbx.control.store import as_utc, utcnow
@@ -34,6 +40,7 @@ class Reaper:
         self._thread: threading.Thread | None = None
         self._first_seen: dict[str, float] = {}
         self._pruned_at: float | None = None
+        self.leader = LeaderLock(control.store.engine, "reaper")
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="sbx-reaper", daemon=True)
@@ -44,11 +51,13 @@ class Reaper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.tick + 30)
+        self.leader.release()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick):
             try:
-                self.run_once()
+                if self.leader.try_lead():
+                    self.run_once()
             except Exception:  # keep reaping after a bug in one pass
                 log.exception("reaper pass failed")
 

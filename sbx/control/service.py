@@ -296,7 +296,9 @@ class ControlPlane:
         """Event lines of a sandbox after ``seq`` ``after``: each is a dict with ``event`` and ``id`` (see
         :meth:`_on_transition`), plus ``seq``. With ``follow``, waits for new ones; with ``until_settled`` the stream
         ends once the sandbox is in a stable state (running, stopped, error, deleted) after replaying. Raises 404
-        for an unknown sandbox (deleted ones can still be read)."""
+        for an unknown sandbox (deleted ones can still be read). A follower re-reads the events table at least
+        every ``poll`` seconds (at once on this process's own events), so it also sees events that another server
+        replica on the same PostgreSQL database wrote."""
         if self.store.get_sandbox(sandbox_id) is None:
             raise not_found(f"sandbox {sandbox_id}")
         return self._events(sandbox_id, after, follow, until_settled, poll, stop)

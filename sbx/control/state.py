@@ -15,7 +15,10 @@ appends an event, so the state is written before a side effect starts (the trans
 
 A request that conflicts with an operation in flight waits for it (:data:`DEFAULT_WAIT` seconds, bounded) and
 then proceeds, or gets ``409 busy`` with the current state. A sandbox that exists is never reported as missing.
-Coordination is in-process (one server process per database); a multi-process deployment would need row locks.
+Coordination is in-process, plus, on PostgreSQL (several server replicas on one database), a per-sandbox advisory
+lock (:class:`sbx.control.dblocks.SandboxLocks`) around each check-and-set, so two replicas never both start an
+operation on one sandbox; a replica waiting on another's operation sees its transient state in the database and
+polls it every second. (A hold, :meth:`Lifecycle.acquire_hold`, is still only seen by its own replica.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sbx.control.dblocks import SandboxLocks
 from sbx.control.errors import ControlError, busy, not_found
 from sbx.control.store import SandboxRow, Store
 
@@ -81,6 +85,7 @@ class Lifecycle:
         self.wait = wait
         self.cond = threading.Condition()
         self._holds: dict[str, int] = {}
+        self.locks = SandboxLocks(store.engine)
 
     def notify(self) -> None:
         """Wake every waiter (after a transition, an event, or a hold release)."""
@@ -140,6 +145,19 @@ class Lifecycle:
 
         Returns ``(before, after)`` rows. Raises 404 ``not_found``, 409 ``busy`` (still in flight after the wait),
         the error ``allowed`` returned, or 409 ``invalid_state`` when the table forbids ``state -> dst``."""
+        with self.locks.hold(sandbox_id, self.wait if wait is None else wait) as held:
+            if not held:  # another replica is starting an operation on it right now
+                raise busy(sandbox_id, self._get(sandbox_id).state)
+            return self._begin(sandbox_id, dst, allowed, wait, **fields)
+
+    def _begin(
+        self,
+        sandbox_id: str,
+        dst: str,
+        allowed: Callable[[SandboxRow], ControlError | None] | None,
+        wait: float | None,
+        **fields: Any,
+    ) -> tuple[SandboxRow, SandboxRow]:
         with self.cond:
             before = self._settled(sandbox_id, wait)
             if allowed is not None:
@@ -163,6 +181,14 @@ class Lifecycle:
         waits for a settled state, checks it is in ``states`` (else 409 ``invalid_state``), and makes other
         :meth:`begin` calls wait until :meth:`release_hold`. Holds may overlap and may be released from another
         thread. Returns the settled row."""
+        with self.locks.hold(sandbox_id, self.wait if wait is None else wait) as held:
+            if not held:
+                raise busy(sandbox_id, self._get(sandbox_id).state)
+            return self._acquire_hold(sandbox_id, states, wait, what)
+
+    def _acquire_hold(
+        self, sandbox_id: str, states: frozenset[str] | set[str], wait: float | None, what: str
+    ) -> SandboxRow:
         with self.cond:
             row = self._settled(sandbox_id, wait)
             if row.state not in states:

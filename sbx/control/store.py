@@ -1,6 +1,7 @@
 """Persistent state of the control plane: sandboxes, snapshots and events, in SQL through SQLAlchemy 2.
 
-The database lives at ``settings.db_url`` (SQLite by default: ``<state_dir>/sbx.db``). The schema is created and
+The database lives at ``settings.db_url`` (SQLite by default: ``<state_dir>/sbx.db``; PostgreSQL through psycopg 3
+when ``SBX_DATABASE_URL`` is set, shared by several server replicas). The schema is created and
 upgraded by the alembic migrations in ``sbx/control/migrations`` (:func:`migrate`), run programmatically when
 the :class:`Store` opens. Only portable column types are used so the same migrations work on PostgreSQL.
 
@@ -27,6 +28,7 @@ from sqlalchemy import (
     delete,
     event,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -119,17 +121,26 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+MIGRATE_LOCK = 0x5B7C0DE
+"""PostgreSQL advisory lock key that serialises migrations of replicas starting at once."""
+
+
 def migrate(engine: Engine) -> None:
-    """Upgrade the database behind ``engine`` to the newest migration (``alembic upgrade head``)."""
-    cfg = alembic_config(str(engine.url))
+    """Upgrade the database behind ``engine`` to the newest migration (``alembic upgrade head``). On PostgreSQL
+    the upgrade runs under a transaction-level advisory lock, so replicas starting together migrate one at a time
+    (the later ones find the schema current)."""
+    cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATE_LOCK})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 
 
 class Store:
-    """Rows of the control plane. ``url`` is a SQLAlchemy URL (``sqlite:///path``); the parent folder of a SQLite
-    file is created. Opening runs the migrations."""
+    """Rows of the control plane. ``url`` is a SQLAlchemy URL: ``sqlite:///path`` (the parent folder of the file
+    is created) or ``postgresql+psycopg://user@/db?host=/socket/dir`` (a bare ``postgresql://`` is read as psycopg
+    3 too). Opening runs the migrations."""
 
     def __init__(self, url: str):
         if url.startswith("sqlite:///"):
@@ -143,7 +154,9 @@ class Store:
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.close()
         else:
-            self.engine = create_engine(url, pool_pre_ping=True)
+            if url.startswith(("postgresql://", "postgres://")):
+                url = "postgresql+psycopg://" + url.split("://", 1)[1]
+            self.engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
         migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 

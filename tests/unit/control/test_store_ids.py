@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from sqlalchemy import inspect, text
 
 from sbx.control import words
@@ -12,8 +13,11 @@ from sbx.control.ids import ID_RE, new_sandbox_id, new_subdomain, sandbox_url
 from sbx.control.store import Store, iso, utcnow
 
 
-def test_migrations_create_the_schema_and_reopen_cleanly(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'db' / 'sbx.db'}"
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_migrations_create_the_schema_and_reopen_cleanly(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    url = f"sqlite:///{tmp_path / 'db' / 'sbx.db'}" if engine == "sqlite" else request.getfixturevalue("pg_url")
     s = Store(url)
     assert {"sandboxes", "snapshots", "events", "routes", "alembic_version"} <= set(inspect(s.engine).get_table_names())
     with s.engine.connect() as c:
