@@ -4,9 +4,11 @@ Small sandboxes are created one after another on the benchmark's node until ``--
 issue 16's goal on a 24 GiB, 2-core host) or the first refusal. A refusal must be a clear capacity error (an error
 code in :data:`CAPACITY_CODES`); any other failure (``boot_failed``, a timeout, ...) fails the figure, because it
 means the node broke before it said it was full. Then every sandbox stays idle for ``--density-idle`` seconds (60
-by default) and must answer ``exec("true")`` afterwards. Host memory is ``MemTotal - MemAvailable`` of
-``/proc/meminfo`` (what the host lost, page cache excluded), read before the first sandbox and after the idle time;
-load is the 1-minute load average (:func:`os.getloadavg`) after the idle time.
+by default) and must answer ``exec("true")`` afterwards. Memory per sandbox is what the node's memory cgroup
+(``/sbx/<node>``, all its sandboxes) holds after the idle time, inactive page cache excluded (as ``sbx info``'s
+``memoryUsed``), divided by the count: unlike the host's ``MemTotal - MemAvailable`` (read before and after too, and
+shown in the note) it is not moved by other work on a shared host. Load is the 1-minute load average
+(:func:`os.getloadavg`) after the idle time.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from bench.report import Row
+from sbx.node import cgroup
 from sbx.sdk import SbxError
 
 if TYPE_CHECKING:
@@ -62,12 +65,13 @@ def fig_density(ctx: Ctx) -> list[Row]:
             creates.append(time.perf_counter() - t0)
             boxes.append(sb)
             if (i + 1) % 10 == 0 or i + 1 == limit:
-                ctx.say(f"  {i + 1} running, host memory used +{host_memory_used_mib() - before:.0f} MiB")
+                ctx.say(f"  {i + 1} running, host memory used {host_memory_used_mib() - before:+.0f} MiB")
         if not boxes:
             raise RuntimeError(f"no sandbox could be created ({refusal})")
         ctx.say(f"  {len(boxes)} sandboxes; idle for {idle:.0f} s")
         time.sleep(idle)
-        used = host_memory_used_mib() - before
+        host_used = host_memory_used_mib() - before
+        used = cgroup.sample(f"/sbx/{ctx.srv.settings.node_name}").memory_used / (1 << 20)
         load1 = os.getloadavg()[0]
         silent = []
         for sb in boxes:
@@ -82,8 +86,8 @@ def fig_density(ctx: Ctx) -> list[Row]:
     return [
         Row("density", f"idle small sandboxes answering exec after {idle:.0f} s idle", "count", [float(n)],
             note=stop),
-        Row("density", "host memory used per idle sandbox", "MiB", [used / n],
-            note=f"{used:.0f} MiB for {n} (MemTotal - MemAvailable)"),
+        Row("density", "host memory per idle sandbox (node cgroup)", "MiB", [used / n],
+            note=f"{used:.0f} MiB for {n}; host MemTotal-MemAvailable moved {host_used:+.0f} MiB"),
         Row("density", "load average (1 min) after the idle time", "load", [load1], note=f"{os.cpu_count()} cores"),
         Row("density", "create small → first exec answered, one after another", "s", creates,
             note=f"from empty to {n} sandboxes"),

@@ -350,7 +350,16 @@ def test_kill9_at_random_points_of_every_operation_leaves_a_true_state(faults: F
     if was_stopped:
         ok(faults, "resume", main, "--wait", timeout=300)
     keeper_check(was_stopped)
+    # Whatever the random rounds did: stop with memory, kill -9 while stopped, resume: the keeper is back.
+    out = json.loads(ok(faults, "stop", main, "--wait", "--json", timeout=300))["sandbox"]
+    assert (out["state"], out["memorySaved"]) == ("stopped", True), out
+    faults.restart()
+    assert _check_host_agrees(faults)[main] == "stopped"
+    ok(faults, "resume", main, "--wait", timeout=300)
+    assert info(faults, main)["memoryRestored"] is True
+    keeper_check(was_stopped=True)
     print(f"the keeper's memory was checked after {kept_across_restore} memory restores")
+    assert kept_across_restore >= 1
     assert ok(faults, "exec", main, "cat ~/precious").strip() == "precious"
     for sid in _check_host_agrees(faults):
         ok(faults, "delete", sid, "--wait")
