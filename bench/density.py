@@ -24,8 +24,9 @@ from sbx.sdk import SbxError
 if TYPE_CHECKING:
     from bench.figures import Ctx
 
-CAPACITY_CODES = frozenset({"no_capacity", "capacity_exceeded", "quota_exceeded", "no_space", "too_many_sandboxes"})
-"""Error codes that count as a clean refusal (the node is full) rather than a failure."""
+CAPACITY_CODES = frozenset({"insufficient_capacity", "no_space"})
+"""Error codes that count as a clean refusal (the node is full: the API's 507 ``insufficient_capacity`` admission
+refusal, or a full volume) rather than a failure."""
 
 
 def host_memory_used_mib() -> float:
