@@ -6,9 +6,10 @@ and min–max), prints a table with the seed anchors and the ratio ours/anchor, 
 ``bench/results/<timestamp>.json``. Every sandbox it made is deleted and the server stopped at the end, also
 after Ctrl-C. Needs root (runc, CRIU, loop devices).
 
-Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow] [--json]
-[--disk-fill 0.25] [--out DIR] [--keep-tmp]``. Exit status 0, 1 when a figure failed, 2 for bad options,
-130 after Ctrl-C.
+Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow,density] [--json]
+[--disk-fill 0.25] [--density-max 300] [--density-idle 60] [--out DIR] [--keep-tmp]``. ``density`` (idle small
+sandboxes on one node, :mod:`bench.density`) runs only when ``--only`` names it. Exit status 0, 1 when a figure
+failed, 2 for bad options, 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from bench import report
-from bench.figures import FIGURES, NEEDS_SERVER, Ctx
+from bench.figures import FIGURES, NEEDS_SERVER, OPT_IN, Ctx
 from bench.report import Row
 
 
@@ -37,6 +38,11 @@ def _names(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(
             f"unknown figure {', '.join(unknown) or '(none)'}; choose from {', '.join(FIGURES)}")
     return names
+
+
+def default_figures() -> list[str]:
+    """The figures a run without ``--only`` does: all but the opt-in ones (``density``)."""
+    return [n for n in FIGURES if n not in OPT_IN]
 
 
 def _host() -> dict[str, Any]:
@@ -57,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print only the JSON document (progress still on stderr)")
     p.add_argument("--disk-fill", type=float, default=0.25,
                    help="share of each disk the disk figure fills with data (default 0.25: 5 GiB at 20 GiB)")
+    p.add_argument("--density-max", type=int, default=300,
+                   help="density figure: create at most this many small sandboxes (default 300)")
+    p.add_argument("--density-idle", type=float, default=60.0,
+                   help="density figure: seconds they stay idle before each must answer exec (default 60)")
     p.add_argument("--out", type=Path, default=report.RESULTS_DIR, help="where the JSON goes (bench/results)")
     p.add_argument("--keep-tmp", action="store_true", help="keep the server's temp dir (state, log) afterwards")
     a = p.parse_args(argv)
@@ -64,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--repeats must be at least 1")
     if not 0 < a.disk_fill <= 0.9:
         p.error("--disk-fill must be in (0, 0.9]")
+    if a.density_max < 1:
+        p.error("--density-max must be at least 1")
+    if a.density_idle < 0:
+        p.error("--density-idle must be 0 or more")
     return a
 
 
@@ -72,7 +86,7 @@ def run(a: argparse.Namespace, err: Console,
     """Run the chosen figures (their wall times go to ``timings``); returns (rows, errors, interrupted)."""
     from bench.server import cleanup_host, node_settings, running_server
 
-    chosen = a.only or list(FIGURES)
+    chosen = a.only or default_figures()
     rows: list[Row] = []
     errors: list[dict[str, str]] = []
 
@@ -107,10 +121,12 @@ def run(a: argparse.Namespace, err: Console,
         if any(n in NEEDS_SERVER for n in chosen):
             say("bench: starting sbx server (node bench, test profile)")
             with running_server(keep_tmp=a.keep_tmp) as srv, srv.client() as client:
-                figures(Ctx(srv, client, a.repeats, a.disk_fill, say))
+                figures(Ctx(srv, client, a.repeats, a.disk_fill, say,
+                            density_max=a.density_max, density_idle=a.density_idle))
         else:
             try:
-                figures(Ctx(None, None, a.repeats, a.disk_fill, say))
+                figures(Ctx(None, None, a.repeats, a.disk_fill, say,
+                            density_max=a.density_max, density_idle=a.density_idle))
             finally:
                 cleanup_host(node_settings())
     except KeyboardInterrupt:
@@ -133,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"bench: {type(e).__name__}: {e}", markup=False, highlight=False)
         return 1
     finished = datetime.now(UTC)
-    options = {"repeats": a.repeats, "only": a.only or list(FIGURES), "profile": "test",
+    options = {"repeats": a.repeats, "only": a.only or default_figures(), "profile": "test",
                "disk_fill": a.disk_fill, "interrupted": interrupted}
+    if "density" in options["only"]:
+        options.update(density_max=a.density_max, density_idle=a.density_idle)
     doc = report.document(rows, started=started, finished=finished, options=options, host=_host(),
                           errors=errors, figure_seconds=timings)
     path = report.write_json(doc, a.out, when=started)

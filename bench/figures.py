@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench import storage
+from bench.density import fig_density
 from bench.report import Anchor, Row
 from bench.server import BenchServer
 from sbx.sdk import Client, Sandbox, SbxError
@@ -45,13 +46,16 @@ ANCHORS = {
 @dataclass
 class Ctx:
     """What a figure needs: the ``server``, an SDK ``client`` on it, ``repeats`` (``--repeats``), the share of
-    each disk ``disk_fill`` filled with data in the ``disk`` figure, and ``say`` for progress lines."""
+    each disk ``disk_fill`` filled with data in the ``disk`` figure, ``say`` for progress lines, and the density
+    figure's ``density_max`` sandboxes and ``density_idle`` seconds (``--density-max``, ``--density-idle``)."""
 
     server: BenchServer | None
     client: Client | None
     repeats: int
     disk_fill: float = 0.25
     say: Callable[[str], None] = lambda _m: None
+    density_max: int = 300
+    density_idle: float = 60.0
     made: set[str] = field(default_factory=set)
 
     @property
@@ -403,7 +407,11 @@ FIGURES: dict[str, Callable[[Ctx], list[Row]]] = {
     "fork": fig_fork,
     "disk": fig_disk,
     "grow": fig_grow,
+    "density": fig_density,
 }
 """Figure name (what ``--only`` takes) -> function, in the order they run."""
+
+OPT_IN = {"density"}
+"""Figures that run only when ``--only`` names them (the density figure takes a quarter of an hour or more)."""
 
 NEEDS_SERVER = set(FIGURES) - {"disk"}

@@ -22,7 +22,9 @@ from rich.table import Table
 
 SCHEMA = 1
 RESULTS_DIR = Path(__file__).with_name("results")
-UNITS = ("s", "ms")
+UNITS = ("s", "ms", "MiB", "count", "load")
+"""Units a row may have: times (``s``, ``ms``) and the density figure's host measures (``MiB``, ``count``, ``load``:
+the 1-minute load average)."""
 
 
 @dataclass(frozen=True)
@@ -94,14 +96,21 @@ class Row:
 
 def fmt_time(value: float, unit: str) -> str:
     """A duration for the table: seconds below 1 s are shown in ms (``0.0312, "s"`` -> ``"31.2 ms"``); seconds
-    with 2 decimals (``"2.13 s"``); ms with 1 decimal (``"8.1 ms"``)."""
+    with 2 decimals (``"2.13 s"``); ms with 1 decimal (``"8.1 ms"``). Other units: ``count`` as an integer
+    (``"120"``), ``load`` with 2 decimals (``"0.42"``), ``MiB`` with 1 decimal (``"9.3 MiB"``)."""
     if unit == "s":
         return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
-    return f"{value:.1f} ms"
+    if unit == "count":
+        return f"{value:.0f}"
+    if unit == "load":
+        return f"{value:.2f}"
+    return f"{value:.1f} {unit}"
 
 
 def fmt_spread(row: Row) -> str:
     """``"min–max"`` in the unit of the row's median (``"2.01–2.40 s"``, ``"30.1–35.0 ms"``)."""
+    if row.unit not in ("s", "ms"):
+        return f"{fmt_time(row.min, row.unit)}–{fmt_time(row.max, row.unit)}"
     if row.unit == "s" and row.median >= 1:
         return f"{row.min:.2f}–{row.max:.2f} s"
     scale = 1000 if row.unit == "s" else 1

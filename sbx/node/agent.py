@@ -616,6 +616,7 @@ class LocalNode:
             if keep_memory:
                 mem = self._memory(id)
                 try:
+                    recovery.test_fail_checkpoint()
                     self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
                     recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
@@ -754,6 +755,7 @@ class LocalNode:
             self._cleanup_container(sid)
             self._set_phase(sid, "checkpointed")
             raise NodeError("restore_failed", e.detail) from e
+        recovery.test_hold(recovery.TEST_HOLD_RESTORE_ENV, self._dir(sid) / "restore-hold")
         self._discard_memory(sid)
         self._set_phase(sid, "running", size=size.name)
 

@@ -18,9 +18,18 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
+from sbx.runtime.base import RuntimeError_
+
 GENERATION_FILE = "generation"
+
+TEST_HOLD_RESTORE_ENV = "SBX_TEST_HOLD_RESTORE"
+"""Test-only: seconds a resume waits after CRIU restored the container (it runs on the restored memory) and before
+the memory image is discarded, with a marker file ``<sandbox dir>/restore-hold`` present meanwhile, so fault tests
+can kill the server in that window every time (the case where an old image used to survive and later be restored
+over a newer disk). Unset (the default) in production."""
 
 
 def thaw(mountpoint: Path | str) -> bool:
@@ -49,3 +58,29 @@ def write_memory_generation(memory_dir: Path, generation: int) -> None:
         f.write(f"{generation}\n")
         f.flush()
         os.fsync(f.fileno())
+
+TEST_FAIL_CHECKPOINT_ENV = "SBX_TEST_FAIL_CHECKPOINT"
+"""Test-only: when set to ``1``, every memory save of a stop fails before CRIU runs (as when CRIU is killed
+mid-dump and its work folder is gone), so the node falls back to halting the container. Unset in production."""
+
+
+def test_fail_checkpoint() -> None:
+    """Test-only: raise :class:`RuntimeError_` (op ``checkpoint``) when ``SBX_TEST_FAIL_CHECKPOINT`` is ``1``;
+    otherwise (production) do nothing."""
+    if os.environ.get(TEST_FAIL_CHECKPOINT_ENV) == "1":
+        raise RuntimeError_("checkpoint", f"failed on purpose ({TEST_FAIL_CHECKPOINT_ENV}=1)")
+
+
+def test_hold(env: str, marker: Path) -> None:
+    """Test-only pause: when the environment variable ``env`` holds a positive number of seconds, create the file
+    ``marker``, sleep that long, then remove it (fault tests kill the server once the marker exists). Does nothing
+    when ``env`` is unset, empty or not a number (production)."""
+    try:
+        hold = float(os.environ.get(env) or 0)
+    except ValueError:
+        hold = 0.0
+    if hold <= 0:
+        return
+    marker.write_text(f"{os.getpid()}\n")
+    time.sleep(hold)
+    marker.unlink(missing_ok=True)

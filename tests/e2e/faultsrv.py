@@ -6,6 +6,7 @@ Node, bridge and subnet come from ``<prefix>_NODE`` / ``_BRIDGE`` / ``_SUBNET`` 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -96,6 +97,17 @@ class FaultServer:
     def bundle(self, sid: str) -> Path:
         """The sandbox's OCI bundle folder on this node."""
         return Path("/run/sbx") / self.node / "bundles" / sid
+
+    def sandbox_dir(self, sid: str) -> Path:
+        """The sandbox's folder on this node's data volume (``node.json``, disk, memory image)."""
+        return Path("/var/lib/sbx/volume/nodes") / self.node / "sandboxes" / sid
+
+    def node_record(self, sid: str) -> dict:  # type: ignore[type-arg]
+        """The node's record of the sandbox (``node.json``; ``{}`` while it is missing or half-written)."""
+        try:
+            return json.loads((self.sandbox_dir(sid) / "node.json").read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return {}
 
     def wait_frozen_hold(self, sid: str, timeout: float = 120) -> None:
         """Wait until the node holds the sandbox's root frozen (SBX_TEST_HOLD_FROZEN's marker file exists)."""

@@ -246,17 +246,76 @@ def _check_host_agrees(fs: FaultServer) -> dict[str, str]:
     return states
 
 
+KEEPER = """import os, sys, time
+value, n = sys.argv[1], 0
+while True:
+    n += 1
+    with open("/tmp/keeper.new", "w") as f:
+        f.write(f"{value} {n}")
+    os.replace("/tmp/keeper.new", "/tmp/keeper.txt")
+    time.sleep(0.2)
+"""
+
+
+def _start_keeper(fs: FaultServer, sid: str, value: str) -> None:
+    """Start a detached process that holds ``value`` in memory only (its argument) and rewrites it with a growing
+    counter to ``/tmp/keeper.txt`` (a tmpfs: a cold boot empties it, a memory restore keeps it) five times a
+    second."""
+    ok(fs, "exec", sid, f"cat > /tmp/keeper.py <<'EOF'\n{KEEPER}EOF", timeout=120)
+    ok(fs, "exec", "--detach", sid, f"python3 /tmp/keeper.py {value}", timeout=120)
+    poll(lambda: _keeper_says(fs, sid), f"the keeper in {sid} to start", timeout=120, interval=0.5)
+
+
+def _keeper_says(fs: FaultServer, sid: str) -> tuple[str, int] | None:
+    """``(value, counter)`` from the keeper's file, None when there is none (a cold boot or not started yet)."""
+    words = ok(fs, "exec", sid, "cat /tmp/keeper.txt 2>/dev/null || true", timeout=120).split()
+    return (words[0], int(words[1])) if len(words) == 2 else None
+
+
+def _check_keeper(fs: FaultServer, sid: str, value: str) -> None:
+    """The keeper still runs with ``value`` in its memory: its file shows the value and its counter moves on."""
+    first = _keeper_says(fs, sid)
+    assert first is not None and first[0] == value, (first, value)
+
+    def moved_on() -> bool:
+        now = _keeper_says(fs, sid)
+        assert now is not None and now[0] == value, (now, value)
+        return now[1] > first[1]
+
+    poll(moved_on, f"the keeper in {sid} to go on counting", timeout=120, interval=0.5)
+
+
 def test_kill9_at_random_points_of_every_operation_leaves_a_true_state(faults: FaultServer) -> None:
     """The server is SIGKILLed at a random delay into stop, resume, fork, snapshot, new and delete, again and again
-    (SBX_FAULT_ITERATIONS, 12 by default; the seed is printed); after each restart the API agrees with the host
-    and the first sandbox's synced file is intact."""
+    (SBX_FAULT_ITERATIONS, 12 by default; the seed is printed); after each restart the API agrees with the host,
+    the first sandbox's synced file is intact, and a process in it (the keeper, a value in its memory) is still
+    there with the same value unless the sandbox cold-booted (its /tmp is then empty and the API must say
+    ``memoryRestored`` is not true; a new keeper starts)."""
     import random
+    import secrets
 
     seed = int(os.environ.get("SBX_FAULT_SEED", str(random.randrange(1 << 30))))
     rng = random.Random(seed)
     print(f"fault loop seed {seed}")
     main = new(faults)
     writes_work(faults, main, "precious")
+    value = secrets.token_hex(8)
+    _start_keeper(faults, main, value)
+    kept_across_restore = 0
+
+    def keeper_check(was_stopped: bool) -> None:
+        nonlocal value, kept_across_restore
+        got = info(faults, main)
+        if got["state"] != "running":
+            return
+        if _keeper_says(faults, main) is None:  # /tmp is empty: a cold boot
+            assert got["memoryRestored"] is not True, got
+            value = secrets.token_hex(8)
+            _start_keeper(faults, main, value)
+            return
+        _check_keeper(faults, main, value)
+        if was_stopped and got["memoryRestored"] is True:  # stopped with memory, resumed: the process came back
+            kept_across_restore += 1
     for i in range(int(os.environ.get("SBX_FAULT_ITERATIONS", "12"))):
         states = _check_host_agrees(faults)
         state = states.get(main)
@@ -280,14 +339,27 @@ def test_kill9_at_random_points_of_every_operation_leaves_a_true_state(faults: F
         client.wait()
         faults.start()
         states = _check_host_agrees(faults)
+        keeper_check(was_stopped=state == "stopped")
         if len(states) > 2:  # keep the node small: drop every sandbox but the first
             for sid in states:
                 if sid != main:
                     ok(faults, "delete", sid, "--wait")
         for snap in json.loads(ok(faults, "snapshots", "--json"))["snapshots"]:
             ok(faults, "snapshot-delete", snap["name"])
-    if info(faults, main)["state"] != "running":
+    was_stopped = info(faults, main)["state"] != "running"
+    if was_stopped:
         ok(faults, "resume", main, "--wait", timeout=300)
+    keeper_check(was_stopped)
+    # Whatever the random rounds did: stop with memory, kill -9 while stopped, resume: the keeper is back.
+    out = json.loads(ok(faults, "stop", main, "--wait", "--json", timeout=300))["sandbox"]
+    assert (out["state"], out["memorySaved"]) == ("stopped", True), out
+    faults.restart()
+    assert _check_host_agrees(faults)[main] == "stopped"
+    ok(faults, "resume", main, "--wait", timeout=300)
+    assert info(faults, main)["memoryRestored"] is True
+    keeper_check(was_stopped=True)
+    print(f"the keeper's memory was checked after {kept_across_restore} memory restores")
+    assert kept_across_restore >= 1
     assert ok(faults, "exec", main, "cat ~/precious").strip() == "precious"
     for sid in _check_host_agrees(faults):
         ok(faults, "delete", sid, "--wait")

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bench import report
-from bench.__main__ import parse_args
+from bench.__main__ import default_figures, parse_args
 from bench.figures import ANCHORS, FIGURES
 from bench.report import Anchor, Row
 
@@ -56,10 +56,22 @@ def test_bad_rows_are_refused() -> None:
 
 @pytest.mark.parametrize(("value", "unit", "text"), [
     (2.2, "s", "2.20 s"), (18.605, "s", "18.61 s"), (0.0312, "s", "31.2 ms"), (8.14, "ms", "8.1 ms"),
-    (1.0, "s", "1.00 s"),
+    (1.0, "s", "1.00 s"), (120.0, "count", "120"), (9.27, "MiB", "9.3 MiB"), (0.4213, "load", "0.42"),
 ])
 def test_fmt_time(value: float, unit: str, text: str) -> None:
     assert report.fmt_time(value, unit) == text
+
+
+def test_density_rows_are_formatted_in_their_own_units() -> None:
+    r = Row("density", "host memory used per idle sandbox", "MiB", [8.04, 9.5, 12.0])
+    assert (report.fmt_time(r.median, r.unit), report.fmt_spread(r)) == ("9.5 MiB", "8.0 MiB–12.0 MiB")
+    assert report.fmt_spread(Row("density", "count", "count", [20.0])) == "20–20"
+
+
+def test_host_memory_used_is_read_from_meminfo() -> None:
+    from bench.density import host_memory_used_mib
+
+    assert 0 < host_memory_used_mib() < 1 << 24  # MiB: more than nothing, less than 16 TiB
 
 
 def test_spread_of_a_row_above_one_second_is_in_seconds() -> None:
@@ -130,10 +142,15 @@ def test_options() -> None:
     assert (a.repeats, a.only, a.json) == (5, None, False)
     a = parse_args(["--only", "fork, grow", "--repeats", "2", "--json"])
     assert (a.only, a.repeats, a.json) == (["fork", "grow"], 2, True)
-    assert list(FIGURES) == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow"]
+    assert list(FIGURES) == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow", "density"]
+    assert default_figures() == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow"]  # opt-in
+    a = parse_args(["--only", "density", "--density-max", "20", "--density-idle", "5"])
+    assert (a.only, a.density_max, a.density_idle) == (["density"], 20, 5.0)
+    assert (parse_args([]).density_max, parse_args([]).density_idle) == (300, 60.0)
 
 
-@pytest.mark.parametrize("argv", [["--only", "nope"], ["--only", ","], ["--repeats", "0"], ["--disk-fill", "2"]])
+@pytest.mark.parametrize("argv", [["--only", "nope"], ["--only", ","], ["--repeats", "0"], ["--disk-fill", "2"],
+                                  ["--density-max", "0"], ["--density-idle", "-1"]])
 def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
