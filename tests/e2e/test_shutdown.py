@@ -64,7 +64,7 @@ def test_sigterm_ends_attached_execs_with_server_shutdown_and_kills_their_comman
     assert "server_shutdown" in err, (out, err)
     shut.start()
     assert not running(shut, sid, "sleep 600")  # killed with its stream, not left running unseen
-    ok(shut, "delete", sid)
+    ok(shut, "delete", "--wait", sid)
 
 
 def test_an_exec_left_by_a_killed_server_is_killed_at_restart(shut: FaultServer) -> None:
@@ -75,7 +75,7 @@ def test_an_exec_left_by_a_killed_server_is_killed_at_restart(shut: FaultServer)
     assert client.returncode != 0  # the client sees the server go away
     shut.start()
     assert not running(shut, sid, "sleep 700")
-    ok(shut, "delete", sid)
+    ok(shut, "delete", "--wait", sid)
 
 
 def test_sigterm_with_no_sandbox_running_removes_the_node_from_the_host(shut: FaultServer) -> None:

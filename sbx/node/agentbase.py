@@ -1,0 +1,259 @@
+"""What every part of the node agent (:class:`sbx.node.agent.LocalNode`) shares: :class:`NodeBase`.
+
+It holds the node's state (settings, folders, the runc runtime, per-sandbox locks), host preparation, where a
+sandbox's files live (disk, memory image, bundle, mounts), its record ``node.json`` (read, saved atomically,
+phase changes, network lease, uid range), and the helpers several mechanisms use: mounting and unmounting the
+disk, tearing a container down, discarding or judging a memory image, sealing the disk, and the running check.
+The mixins in :mod:`sbx.node.lifecycle`, :mod:`sbx.node.stopresume`, :mod:`sbx.node.execjobs`,
+:mod:`sbx.node.snapshots`, :mod:`sbx.node.stats`, :mod:`sbx.node.watching` and :mod:`sbx.node.reconcile` build
+on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sbx.config import Settings, Size
+from sbx.node import cgdelegate, cgroup, egress, lxcfs, network, recovery, rootfs, watch
+from sbx.node.types import NodeError, SandboxSpec, StopResult
+from sbx.runtime import criu
+from sbx.runtime.runc import RuncRuntime, remove_tree
+from sbx.storage import disk as disks
+from sbx.storage import mounts
+from sbx.storage.errors import StorageError
+
+log = logging.getLogger("sbx.node")
+
+SEALS_KEPT = 2
+
+
+def now() -> str:
+    """The current UTC time as ``2026-01-31T12:00:00Z`` (records, jobs, snapshots)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NodeBase:
+    """State and shared helpers of :class:`sbx.node.agent.LocalNode` (see the module docstring)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.run_dir = Path("/run/sbx") / settings.node_name
+        self.sandboxes_dir = settings.node_dir / "sandboxes"
+        self.snapshots_dir = settings.node_dir / "snapshots"
+        self.runtime = RuncRuntime(self.run_dir / "runc", criu.criu_binary(settings.criu_dir))
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self._lease_lock = threading.Lock()
+        self._image: Path | None = None
+        self._watcher: watch.Watcher | None = None
+        self._on_exit: Callable[[str, str, str | None], None] | None = None
+        self._kernel_ooms = watch.KernelOoms()
+        self._shutdown_at: float | None = None  # monotonic time attached execs are ended at (server shutdown)
+        self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
+        self._cpu_samples: dict[str, tuple[float, int]] = {}
+
+    # ----------------------------------------------------------------- setup
+
+    def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+        """Make the host ready to run sandboxes: the reflink volume, the base image (built once, cached by its
+        recipe hash), the node's folders and the bridge with its nftables rules. Idempotent."""
+        from sbx.node.image import ensure_image
+        from sbx.storage.volume import ensure_volume
+
+        say = progress or (lambda _m: None)
+        egress.parse_allow(self.settings.egress_allow)  # a bad setting fails the start before any slow step
+        say("data volume")
+        ensure_volume(self.settings)
+        say("sandbox image")
+        self._image = ensure_image(self.settings, progress)
+        for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.snapshots_dir.chmod(0o700)  # snapshots are sandbox disks: no sandbox's host uid may read them
+        lxcfs.ensure_lxcfs()
+        cgdelegate.set_node_limits(self.settings.node_name, self.settings.memory_reserve_mib)
+        say("network")
+        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name,
+                              egress.egress_policy(self.settings.egress_allow))
+
+    @property
+    def image(self) -> Path:
+        if self._image is None or not self._image.is_file():  # a newer sbx on this host may have replaced it
+            from sbx.node.image import ensure_image
+
+            self._image = ensure_image(self.settings)
+        return self._image
+
+    # ----------------------------------------------------------------- paths and records
+
+    def _lock(self, sid: str) -> threading.RLock:
+        with self._locks_guard:
+            return self._locks.setdefault(sid, threading.RLock())
+
+    def _dir(self, sid: str) -> Path:
+        return self.sandboxes_dir / sid
+
+    def _disk(self, sid: str) -> Path:
+        return self._dir(sid) / "disk.ext4"
+
+    def _memory(self, sid: str) -> Path:
+        return self._dir(sid) / "memory"
+
+    def _bundle(self, sid: str) -> Path:
+        return self.run_dir / "bundles" / sid
+
+    def _rootfs(self, sid: str) -> Path:
+        """The container's root: the idmapped view of the disk (host root can't write through it: EOVERFLOW)."""
+        return self._bundle(sid) / "rootfs"
+
+    def _hostroot(self, sid: str) -> Path:
+        """The disk's plain mount: the host's unshifted view, for every write the host makes."""
+        return self._bundle(sid) / "disk"
+
+    def _uid_base(self, sid: str) -> int:
+        """First host uid/gid of the sandbox's map (0: identity map of a sandbox made before shifted maps)."""
+        return int(self._record(sid).get("uidBase", 0))
+
+    def _cgroup_path(self, sid: str) -> str:
+        return f"/sbx/{self.settings.node_name}/{sid}"
+
+    def _record(self, sid: str) -> dict[str, Any]:
+        p = self._dir(sid) / "node.json"
+        if not p.is_file():
+            raise NodeError("not_found", f"sandbox {sid} is not on this node")
+        return json.loads(p.read_text())
+
+    def _save(self, sid: str, rec: dict[str, Any]) -> None:
+        p = self._dir(sid) / "node.json"
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=1))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+
+    def _set_phase(self, sid: str, phase: str, **extra: Any) -> dict[str, Any]:
+        rec = self._record(sid)
+        rec["phase"] = phase
+        rec.update(extra)
+        self._save(sid, rec)
+        return rec
+
+    def _lease(self, sid: str) -> network.Lease:
+        return network.lease_from_json(json.dumps(self._record(sid)["lease"]))
+
+    def _new_lease(self, sid: str) -> dict[str, str]:
+        """A free address on the bridge; call with ``_lease_lock`` held until the record holding it is saved."""
+        taken = set()
+        for rec in self.sandboxes_dir.glob("*/node.json"):
+            try:
+                taken.add(json.loads(rec.read_text())["lease"]["address"])
+            except (OSError, ValueError, KeyError):
+                continue
+        addr = network.allocate(self.settings.subnet, taken)
+        gw = str(network.gateway_of(self.settings.subnet).ip)
+        return {"address": addr, "gateway": gw, "host_veth": network.veth_name(sid)}
+
+    def _new_record(self, spec: SandboxSpec, **extra: Any) -> None:
+        """Make the sandbox's folder and its first ``node.json`` (phase ``creating``, a fresh network lease, a uid
+        range of its own)."""
+        self._dir(spec.id).mkdir(parents=True, exist_ok=True)
+        with self._lease_lock:  # two creates at once must not pick the same address
+            try:
+                with rootfs.uid_range(self.settings.home, self.settings.volume) as base:
+                    rec = {"spec": self._spec_dict(spec), "lease": self._new_lease(spec.id), "phase": "creating",
+                           "size": spec.size.name, "oomKills": 0, "uidBase": base, **extra}
+                    self._save(spec.id, rec)
+            except StorageError as e:
+                raise NodeError(e.code, str(e)) from e
+        rootfs.make_private(self._dir(spec.id), base)
+
+    @staticmethod
+    def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
+        return {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
+
+    # ----------------------------------------------------------------- helpers shared by the mixins
+
+    def _mount(self, sid: str) -> None:
+        """Mount the disk plainly at :meth:`_hostroot` and its idmapped view (shifted to the sandbox's uid range)
+        at :meth:`_rootfs`; nothing to do when both are there. After a host reboot or a crash between the two
+        mounts, whatever is left is unmounted and both are made again."""
+        try:
+            rootfs.mount_root(self._disk(sid), self._hostroot(sid), self._rootfs(sid), self._uid_base(sid))
+        except StorageError as e:
+            raise NodeError("boot_failed", f"mounting the disk: {e}") from e
+
+    def _umount(self, sid: str, wait: float = 15.0) -> None:
+        """Unmount the sandbox's disk (the idmapped view first, then the plain mount, then any other mount of it)
+        and wait until no loop device holds the image any more, so the next e2fsck/resize2fs/reflink sees a quiet
+        file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
+        unmount, and the loop device then detaches lazily)."""
+        rootfs.umount_root(self._disk(sid), self._rootfs(sid))
+        deadline = time.monotonic() + wait
+        while mounts.loop_devices_for(self._disk(sid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _cleanup_container(self, sid: str, wait: float = 15.0) -> None:
+        """Delete the container and wait until its cgroup holds no process, then remove its veth and cgroups."""
+        self.runtime.delete(sid)
+        deadline = time.monotonic() + wait
+        while cgroup.has_processes(self._cgroup_path(sid)) and time.monotonic() < deadline:
+            cgroup.kill_all(self._cgroup_path(sid))
+            time.sleep(0.05)
+        try:
+            network.unwire_sandbox(self._lease(sid), self.settings.bridge, self.settings.node_name)
+        except NodeError:
+            pass
+        cgroup.remove_tree(self._cgroup_path(sid))
+
+    def _discard_memory(self, sid: str) -> None:
+        remove_tree(self._memory(sid))
+        remove_tree(self._dir(sid) / "criu-work")
+
+    def _memory_usable(self, sid: str) -> bool:
+        """True when the sandbox has a complete memory image (``host.json`` written) of its disk's current
+        generation (:mod:`sbx.node.recovery`)."""
+        mem = self._memory(sid)
+        if criu.read_fingerprint(mem) is None:
+            return False
+        try:
+            gen = int(self._record(sid).get("diskGen", 0))
+        except NodeError:
+            return False
+        return recovery.memory_generation(mem) == gen
+
+    def _seal(self, sid: str) -> None:
+        seal_dir = self._dir(sid) / "seals"
+        try:
+            disks.seal(self._disk(sid), seal_dir)
+            for old in disks.list_seals(seal_dir)[:-SEALS_KEPT]:
+                disks.delete_seal(seal_dir, old.seq)
+        except StorageError as e:
+            log.warning("sealing the disk of %s failed: %s", sid, e)
+
+    def _require_running(self, sid: str) -> None:
+        if self.runtime.state(sid) != "running":
+            self._record(sid)  # raises not_found for an unknown id
+            raise NodeError("not_running", f"sandbox {sid} is not running")
+
+    if TYPE_CHECKING:  # defined by the mixins that sbx.node.agent.LocalNode combines; declared here for mypy
+
+        def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path: ...
+
+        def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None: ...
+
+        def _write_shutdown_hook(self, sid: str) -> None: ...
+
+        def _snapshot_path(self, name: str) -> Path: ...
+
+        def _all_images(self, exclude: Path) -> list[Path]: ...
+
+        def stop(self, id: str, keep_memory: bool = True) -> StopResult: ...
+
+        def delete(self, id: str) -> None: ...
