@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from sbx.runtime.base import RuntimeError_
+from sbx.storage.disk import test_hold as test_hold  # the restore hold is the freeze hold's mechanism
 
 GENERATION_FILE = "generation"
 
@@ -71,16 +71,3 @@ def test_fail_checkpoint() -> None:
         raise RuntimeError_("checkpoint", f"failed on purpose ({TEST_FAIL_CHECKPOINT_ENV}=1)")
 
 
-def test_hold(env: str, marker: Path) -> None:
-    """Test-only pause: when the environment variable ``env`` holds a positive number of seconds, create the file
-    ``marker``, sleep that long, then remove it (fault tests kill the server once the marker exists). Does nothing
-    when ``env`` is unset, empty or not a number (production)."""
-    try:
-        hold = float(os.environ.get(env) or 0)
-    except ValueError:
-        hold = 0.0
-    if hold <= 0:
-        return
-    marker.write_text(f"{os.getpid()}\n")
-    time.sleep(hold)
-    marker.unlink(missing_ok=True)

@@ -280,7 +280,7 @@ def frozen(mountpoint: PathLike) -> Iterator[None]:
     """Freeze ``mountpoint`` for the ``with`` block and always thaw it afterwards, even on error."""
     freeze(mountpoint)
     try:
-        _test_hold(mountpoint)
+        test_hold(TEST_HOLD_ENV, Path(f"{mountpoint}.frozen-hold"))
         yield
     finally:
         thaw(mountpoint)
@@ -292,15 +292,17 @@ TEST_HOLD_ENV = "SBX_TEST_HOLD_FROZEN"
 Unset (the default) in production."""
 
 
-def _test_hold(mountpoint: PathLike) -> None:
+def test_hold(env: str, marker: Path) -> None:
+    """Test-only pause: when the environment variable ``env`` holds a positive number of seconds, create the file
+    ``marker``, sleep that long, then remove it (fault tests kill the server once the marker exists). Does nothing
+    when ``env`` is unset, empty or not a number (production)."""
     try:
-        hold = float(os.environ.get(TEST_HOLD_ENV) or 0)
+        hold = float(os.environ.get(env) or 0)
     except ValueError:
         hold = 0.0
     if hold <= 0:
         return
-    marker = Path(f"{mountpoint}.frozen-hold")
-    marker.write_text(str(mountpoint))
+    marker.write_text(f"{os.getpid()}\n")
     time.sleep(hold)
     marker.unlink(missing_ok=True)
 
