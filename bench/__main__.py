@@ -6,10 +6,13 @@ and min–max), prints a table with the seed anchors and the ratio ours/anchor, 
 ``bench/results/<timestamp>.json``. Every sandbox it made is deleted and the server stopped at the end, also
 after Ctrl-C. Needs root (runc, CRIU, loop devices).
 
-Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow,density] [--json]
-[--disk-fill 0.25] [--density-max 300] [--density-idle 60] [--out DIR] [--keep-tmp]``. ``density`` (idle small
-sandboxes on one node, :mod:`bench.density`) runs only when ``--only`` names it. Exit status 0, 1 when a figure
-failed, 2 for bad options, 130 after Ctrl-C.
+Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow,egress,density,migrate,
+remote,xresume] [--json] [--disk-fill 0.25] [--density-max 300] [--density-idle 60] [--out DIR] [--keep-tmp]``.
+``density`` (idle small sandboxes on one node, :mod:`bench.density`), ``migrate`` (a running sandbox moved between
+two node agents of its own, :mod:`bench.migrate`), ``remote`` (create and exec through a node agent in its own
+network namespace vs the embedded node, :mod:`bench.remote`) and ``xresume`` (resume with memory on another node vs
+the same node, :mod:`bench.xresume`) run only when ``--only`` names them. Exit status 0, 1 when a figure failed, 2
+for bad options, 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _names(value: str) -> list[str]:
 
 
 def default_figures() -> list[str]:
-    """The figures a run without ``--only`` does: all but the opt-in ones (``density``)."""
+    """The figures a run without ``--only`` does: all but the opt-in ones (``density``, ``remote``)."""
     return [n for n in FIGURES if n not in OPT_IN]
 
 
@@ -59,7 +62,9 @@ def _host() -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=5, help="runs per figure (default 5; grow and ws1g do at most 3)")
-    p.add_argument("--only", type=_names, help=f"comma-separated figures to run, of: {', '.join(FIGURES)}")
+    p.add_argument("--only", type=_names,
+                   help=f"comma-separated figures to run, of: {', '.join(FIGURES)} "
+                        f"({', '.join(n for n in FIGURES if n in OPT_IN)} only when named here)")
     p.add_argument("--json", action="store_true", help="print only the JSON document (progress still on stderr)")
     p.add_argument("--disk-fill", type=float, default=0.25,
                    help="share of each disk the disk figure fills with data (default 0.25: 5 GiB at 20 GiB)")

@@ -20,11 +20,12 @@ import tempfile
 import time
 import tomllib
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.egress import upstream_ca
 from sbx.config import Settings, load_settings
 from sbx.sdk import Client, SbxError
 from sbx.sdk import protocol as P
@@ -73,7 +74,8 @@ def node_settings() -> Settings:
 @dataclass
 class BenchServer:
     """A running benchmark server: ``url``, ``token``, ``env`` (for ``sbx`` subprocesses: HOME, PATH with the
-    venv's bin first), ``tmp`` (its temp dir), ``log`` (server output), ``settings`` (its node's settings)."""
+    venv's bin first), ``tmp`` (its temp dir), ``log`` (server output), ``settings`` (its embedded node's settings:
+    the benchmark node's, also for a server given a node agent with ``SBX_NODE_URL``, which has none)."""
 
     url: str
     token: str
@@ -133,10 +135,12 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: f
             time.sleep(0.25)
 
 
-def start(tmp: Path, start_timeout: float = 900) -> BenchServer:
+def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | None = None) -> BenchServer:
     """Start ``sbx server`` in ``tmp`` (state in ``tmp/state``, ``HOME=tmp/home``, log ``tmp/server.log``) and
     wait until ``/healthz`` answers (the first start on a host may build the base image: ``start_timeout``
-    seconds). Raises ``ServerError`` when it exits or does not answer (it is killed then)."""
+    seconds). ``env_extra`` adds or overrides ``SBX_*`` settings (the remote-node figure gives a server
+    ``SBX_NODE_URL`` / ``SBX_NODE_TOKEN``). Raises ``ServerError`` when it exits or does not answer (it is killed
+    then)."""
     port = free_port()
     env = {
         **os.environ,
@@ -148,11 +152,13 @@ def start(tmp: Path, start_timeout: float = 900) -> BenchServer:
         "SBX_PORT": str(port),
         "SBX_PROXY_PORT": str(free_port()),  # the hosted-ports proxy: another server may hold the default 7080
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
+        "SBX_EGRESS_UPSTREAM_CA": str(upstream_ca(tmp)),  # the egress figure's upstream (bench.egress)
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
-    for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOST"):
+    for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOST", "SBX_NODE_URL", "SBX_NODE_TOKEN"):
         env.pop(key, None)
+    env.update(env_extra or {})
     (tmp / "home").mkdir(parents=True, exist_ok=True)
     log = tmp / "server.log"
     with log.open("wb") as logf:
@@ -220,15 +226,17 @@ def _rmdir_cgroup(path: Path) -> None:
 
 
 @contextmanager
-def running_server(keep_tmp: bool = False) -> Iterator[BenchServer]:
-    """Start a benchmark server in a fresh temp dir; at the end (also after Ctrl-C or an error) delete every
-    sandbox on it, stop it with SIGTERM, clean the host (:func:`cleanup_host`) and remove the temp dir (kept
-    when ``keep_tmp``, or when something is still mounted below it). A Ctrl-C during this cleanup is ignored.
-    Raises ``ServerError`` when it does not start."""
+def running_server(keep_tmp: bool = False, env_extra: Mapping[str, str] | None = None) -> Iterator[BenchServer]:
+    """Start a benchmark server in a fresh temp dir (``env_extra``: more settings, see :func:`start`); at the end
+    (also after Ctrl-C or an error) delete every sandbox on it, stop it with SIGTERM, clean the host
+    (:func:`cleanup_host`; not for a server given a node agent with ``SBX_NODE_URL``: that node's host is its
+    maker's to clean) and remove the temp dir (kept when ``keep_tmp``, or when something is still mounted below
+    it). A Ctrl-C during this cleanup is ignored. Raises ``ServerError`` when it does not start."""
     tmp = Path(tempfile.mkdtemp(prefix="sbx-bench-"))
+    embedded = not (env_extra or {}).get("SBX_NODE_URL")
     srv = None
     try:
-        srv = start(tmp)
+        srv = start(tmp, env_extra=env_extra)
         yield srv
     finally:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -248,7 +256,8 @@ def running_server(keep_tmp: bool = False) -> Iterator[BenchServer]:
                     if code != 0:
                         print(f"bench: sbx server exited with {code}; log: {srv.log}", file=sys.stderr)
                         keep_tmp = True
-            cleanup_host(node_settings())
+            if embedded:
+                cleanup_host(node_settings())
             mounted = _mounts_under(tmp)
             if mounted:
                 print(f"bench: left {tmp} in place, still mounted: {', '.join(mounted)}", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -89,6 +90,11 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 7070
     proxy_port: int = 7080
+    egress_proxy_port: int = 7443
+    """Port of the node's egress proxy (credential injection, :mod:`sbx.node.egressproxy`) on the bridge's gateway
+    address; 0 turns the proxy off (binding a secret then fails with ``409 egress_proxy_unavailable``)."""
+    egress_upstream_ca: str = ""
+    """A CA file the egress proxy trusts for upstream servers instead of its default bundle (tests, private CAs)."""
     profile: str = "production"
     volume_size_gib: int = 200
     auto_snapshot_seconds: int = 600
@@ -99,6 +105,9 @@ class Settings:
     require_memory_wait: float = 120.0
     """Seconds a ``require_memory`` resume waits for a host matching the memory image's CPU, kernel and CRIU
     before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""
+    exec_channel: bool = True
+    """Run attached execs through the sandbox's exec agent (:mod:`sbx.node.channel`) when it answers; False: always
+    ``runc exec`` (``SBX_EXEC_CHANNEL=0``). Either way the command's exit code, output and timeout are the same."""
     max_body_bytes: int = 1 << 20
     """Largest JSON request body the API takes (413 ``body_too_large`` above it); file uploads are not capped."""
     memory_reserve_mib: int = 1024
@@ -116,6 +125,48 @@ class Settings:
     """Seconds between two ``fstrim`` passes of the data volume, which give the blocks it freed (deleted sandboxes,
     snapshots, memory images, discards from sandbox disks) back to the host's filesystem
     (:func:`sbx.storage.volume.trim_volume`); deletes also ask for one. 0 = only after deletes."""
+    plans: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Plan table (issue 12), TOML ``[plans.<name>]`` with ``price_usd_month``, ``sizes`` (list), ``starts_per_hour``,
+    ``running`` (concurrently running sandboxes), ``storage_gib`` (included storage); 0 = no limit. Merged over the
+    seed defaults in :data:`sbx.control.plans.DEFAULT_PLANS`."""
+    pricing: dict[str, object] = field(default_factory=dict)
+    """Price model (issue 12), TOML ``[pricing]``: ``model`` ``"size"`` (per-size hourly prices, ``hourly.<size>``)
+    or ``"memory"`` (``memory_gib_hour`` per GiB-hour of the size's memory, ``storage_gib_month`` per stored
+    GiB-month); defaults in :data:`sbx.control.pricing.DEFAULT_PRICING`."""
+    default_plan: str = "trial"
+    """The plan a new account gets when none is given (the installation's first account has ``unlimited``)."""
+    rate_limit: float = 20.0
+    """Requests per second an account's API key may make on average (token bucket; 0 = no limit); over it, ``429
+    rate_limited`` with ``Retry-After``. The installation's admin key is not limited."""
+    rate_burst: int = 200
+    """Requests an account's key may make at once before :attr:`rate_limit` applies."""
+    auth_fail_limit: int = 20
+    """Wrong API keys one client address may present in :attr:`auth_fail_window` seconds; after that every key it
+    presents is answered ``401 auth_throttled`` (with ``Retry-After``) until the window has passed."""
+    auth_fail_window: float = 60.0
+    templates: bool = True
+    """Memory templates (issue 13, :mod:`sbx.node.templates`): ``sbx new`` restores a checkpointed base sandbox of
+    its size instead of cold booting, once that size's template is built (in the background, after the first cold
+    boot of the size). ``SBX_TEMPLATES=0`` turns them off (every ``new`` cold boots)."""
+    node_url: str = ""
+    """Several nodes (issue 10): the URL of a node agent (``sbx node serve``), e.g. ``http://10.0.0.2:7700``. Set,
+    ``sbx server`` runs no sandboxes itself and sends every node call there (:mod:`sbx.node.remote`); empty (the
+    default): the server runs its own embedded node."""
+    node_token: str = ""
+    """The node token both sides share: a node agent accepts only requests that carry it, and a server sends it.
+    Empty on a node agent: it makes one in ``state_dir/node-token`` and prints where."""
+    node_host: str = "127.0.0.1"
+    """Where ``sbx node serve`` listens (its address on the network between servers and nodes)."""
+    node_port: int = 7700
+    node_heartbeat_seconds: float = 2.0
+    """Seconds between two heartbeats a server sends its node (capacity, load, fingerprint;
+    :mod:`sbx.control.registry`)."""
+    node_unreachable_seconds: float = 6.0
+    """A node whose last answered heartbeat is older than this is ``unreachable`` (its sandboxes show
+    ``nodeStatus: "unreachable"``, their ``state`` unchanged)."""
+    stats_sample_seconds: float = 5.0
+    """Seconds between two stats samples of each running sandbox, kept for the last hour for the console's graphs
+    (``GET /v1/sandboxes/{id}/stats``, :mod:`sbx.control.sampler`). 0 = no sampling."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -152,7 +203,12 @@ class Settings:
         return self.sizes[name]
 
 
-_ENV_FIELDS = {
+def _flag(value: str) -> bool:
+    """An on/off environment setting: ``0``, ``false``, ``no``, ``off`` (any case) are off, the rest on."""
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+_ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_HOME": ("home", Path),
     "SBX_NODE_NAME": ("node_name", str),
     "SBX_STATE_DIR": ("state_dir", Path),
@@ -164,15 +220,31 @@ _ENV_FIELDS = {
     "SBX_HOST": ("host", str),
     "SBX_PORT": ("port", int),
     "SBX_PROXY_PORT": ("proxy_port", int),
+    "SBX_EGRESS_PROXY_PORT": ("egress_proxy_port", int),
+    "SBX_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", str),
     "SBX_PROFILE": ("profile", str),
     "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
     "SBX_AUTO_SNAPSHOT_KEEP": ("auto_snapshot_keep", int),
     "SBX_REQUIRE_MEMORY_WAIT": ("require_memory_wait", float),
     "SBX_MAX_BODY_BYTES": ("max_body_bytes", int),
+    "SBX_EXEC_CHANNEL": ("exec_channel", _flag),
     "SBX_MEMORY_RESERVE_MIB": ("memory_reserve_mib", int),
     "SBX_MEMORY_OVERCOMMIT": ("memory_overcommit", float),
     "SBX_DISK_RESERVE_GIB": ("disk_reserve_gib", float),
+    "SBX_TEMPLATES": ("templates", _flag),
     "SBX_TRIM_SECONDS": ("trim_seconds", int),
+    "SBX_DEFAULT_PLAN": ("default_plan", str),
+    "SBX_RATE_LIMIT": ("rate_limit", float),
+    "SBX_RATE_BURST": ("rate_burst", int),
+    "SBX_AUTH_FAIL_LIMIT": ("auth_fail_limit", int),
+    "SBX_AUTH_FAIL_WINDOW": ("auth_fail_window", float),
+    "SBX_NODE_URL": ("node_url", str),
+    "SBX_NODE_TOKEN": ("node_token", str),
+    "SBX_NODE_HOST": ("node_host", str),
+    "SBX_NODE_PORT": ("node_port", int),
+    "SBX_NODE_HEARTBEAT_SECONDS": ("node_heartbeat_seconds", float),
+    "SBX_NODE_UNREACHABLE_SECONDS": ("node_unreachable_seconds", float),
+    "SBX_STATS_SAMPLE_SECONDS": ("stats_sample_seconds", float),
 }
 
 

@@ -12,4 +12,4 @@ mypy sbx
 echo "==> import-linter (layering)"
 lint-imports
 echo "==> pytest"
-pytest -q -ra "$@"
+pytest -q -ra -n 2 --dist loadfile "$@"

@@ -28,6 +28,7 @@ from sbx.node.types import (
     ExecEvent,
     JobInfo,
     NodeError,
+    NodeInfo,
     NodeStatus,
     ResumeResult,
     SandboxSpec,
@@ -62,7 +63,11 @@ class FakeNode:
         self.boxes: dict[str, _Box] = {}
         self.snaps: dict[str, tuple[SnapshotInfo, Path]] = {}
         self.calls: list[tuple[str, str, dict[str, object]]] = []
+        self.egress: dict[str, bool] = {}  # set_egress_proxy's last word per sandbox
+        self.name = "fake"  # the name info() reports
+        self.fingerprint = {"cpuModel": "fake", "kernel": "6.1"}
         self.cpu_mismatch = False
+        self.unreachable = False  # set: info() (the heartbeat) fails as for a node that went away
         self.memory_save_error: str | None = None  # set: the next stops fail to save memory with this error
         self.prepared = False
         self.stats_calls = 0
@@ -121,8 +126,8 @@ class FakeNode:
         if progress:
             progress("fake node ready")
 
-    def create(self, spec: SandboxSpec, from_snapshot: str | None = None) -> None:
-        self._enter("create", spec.id, size=spec.size.name, from_snapshot=from_snapshot)
+    def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
+        self._enter("create", spec.id, size=spec.size.name, from_snapshot=from_snapshot, cold=cold)
         d = self.root / spec.id
         if from_snapshot is not None:
             if from_snapshot not in self.snaps:
@@ -132,6 +137,7 @@ class FakeNode:
             d.mkdir(parents=True)
         with self._lock:
             self.boxes[spec.id] = _Box(spec=spec, dir=d)
+        return "boot"
 
     def exec(
         self,
@@ -280,9 +286,9 @@ class FakeNode:
         reason = "resized" if cold else ("cpu_mismatch" if self.cpu_mismatch else "no_checkpoint")
         return ResumeResult(memory_restored=False, reason=reason)
 
-    def fork(self, source_id: str, spec: SandboxSpec) -> None:
-        self._enter("fork", spec.id, source=source_id, size=spec.size.name)
-        src = self._box(source_id)
+    def fork(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
+        self._enter("fork", spec.id, source=source_id, size=spec.size.name, memory=memory)
+        src = self._running(source_id) if memory else self._box(source_id)
         d = self.root / spec.id
         shutil.copytree(src.dir, d, ignore=shutil.ignore_patterns(".jobs"))
         with self._lock:
@@ -323,10 +329,28 @@ class FakeNode:
             memory_total_mb=box.spec.size.memory_mib, memory_used_mb=42, cpu_percent=1.5, disk_used_mb=7, oom_kills=0
         )
 
-    def status(self, id: str) -> NodeStatus:
+    def status(self, id: str, settled: bool = False) -> NodeStatus:
         box = self.boxes.get(id)
         return "absent" if box is None else box.status
 
+    def egress_ready(self) -> bool:
+        return True
+
+    def serve_egress(self, handler) -> None:  # type: ignore[no-untyped-def]
+        self.egress_handler = handler
+
+    def set_egress_proxy(self, id: str, enabled: bool) -> None:
+        self.egress[id] = enabled
+
+    def close_egress(self) -> None:
+        pass
+
+    def info(self) -> NodeInfo:
+        if self.unreachable:
+            raise NodeError("node_unreachable", "the fake node is unreachable")
+        running = sum(1 for b in self.boxes.values() if b.status == "running")
+        return NodeInfo(name=self.name, memory_mib=4096, disk_free_bytes=50 << 30, disk_path="/fake", vcpus=2,
+                        load1=0.5, running=running, fingerprint=dict(self.fingerprint))
     def watch(self, on_exit) -> None:  # type: ignore[no-untyped-def]
         self.on_exit = on_exit
 

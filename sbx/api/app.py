@@ -1,9 +1,11 @@
 """The sbx HTTP API (FastAPI). Build it with :func:`create_app`; OpenAPI is served at ``/openapi.json``.
 
-Every ``/v1`` call needs ``Authorization: Bearer <token>``. Errors are always
-``{"error": {"code": "...", "message": "...", "field"?, "state"?}}`` (see :mod:`sbx.api.errors`); request bodies and
-their limits are :mod:`sbx.api.models`, response bodies :mod:`sbx.api.schemas`. Streams (exec, job logs, events)
-are NDJSON: one JSON object per line; a stream whose client went away ends (an exec's command is killed).
+Every ``/v1`` call needs ``Authorization: Bearer <token>`` (or the web console's session cookie, with its CSRF
+header for changes: :mod:`sbx.api.auth`); the console itself is served at ``/`` (:mod:`sbx.api.console`).
+Errors are always ``{"error": {"code": "...", "message": "...", "field"?, "state"?}}`` (see :mod:`sbx.api.errors`);
+request bodies and their limits are :mod:`sbx.api.models`, response bodies :mod:`sbx.api.schemas`.
+Streams (exec, job logs, events) are NDJSON: one JSON object per line; a stream whose client went away ends (an
+exec's command is killed).
 
 Endpoints::
 
@@ -16,6 +18,7 @@ Endpoints::
     POST   /v1/sandboxes/{id}/stop                     stop (keep memory)     202 {"sandbox"}
     POST   /v1/sandboxes/{id}/resume                   resume / resize        202 {"sandbox"}
     POST   /v1/sandboxes/{id}/fork                     fork                   202 {"sandbox": <the fork>}
+    POST   /v1/sandboxes/{id}/migrate                  live migration (admin) 202 {"sandbox"}
     POST   /v1/sandboxes/{id}/snapshot                 named snapshot         201 {"snapshot"}
     GET    /v1/sandboxes/{id}/snapshots                its snapshots          200 {"snapshots": [...]}
     POST   /v1/sandboxes/{id}/exec                     run, streamed          200 NDJSON
@@ -26,8 +29,15 @@ Endpoints::
     GET    /v1/sandboxes/{id}/jobs/{job}/logs          output (?follow=true)  200 NDJSON
     GET    /v1/sandboxes/{id}/jobs/{job}/wait          wait for its end       200 {"job"}
     GET    /v1/sandboxes/{id}/events                   lifecycle events       200 NDJSON
+    GET    /v1/sandboxes/{id}/stats[?seconds=N]        memory/CPU samples     200 {"sandboxId","samples": [...]}
+    POST/GET/DELETE /v1/console/session                console sign-in/out    see sbx.api.console
     ...    /v1/sandboxes/{id}/routes, /files, /pty        hosted ports, files, terminals: see sbx.api.sandbox_io
     GET    /v1/snapshots                               all snapshots          200 {"snapshots": [...]}
+    ...    /v1/secrets, /v1/sandboxes/{id}/secrets      credential proxy: see sbx.api.secrets_api
+    GET    /v1/nodes                                   the node registry      200 {"nodes": [...]}
+    POST   /v1/nodes/{name}/cordon | /uncordon         no new sandboxes there 200 {"node"}
+    POST   /v1/nodes/{name}/drain                      move all off it        202 {"drain"}
+    GET    /v1/nodes/{name}/drain                      its progress           200 {"drain"}
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
 
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
@@ -43,22 +53,22 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import errors, sandbox_io
+from sbx.api import account_routes, console, errors, sandbox_io, secrets_api
 from sbx.api import schemas as S
-from sbx.api.auth import ensure_token
+from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.models import (
+    AddNode,
     CreateSandbox,
     ExecCommand,
     ForkSandbox,
@@ -68,7 +78,8 @@ from sbx.api.models import (
     StopSandbox,
 )
 from sbx.config import Settings
-from sbx.control.errors import ControlError
+from sbx.control.accounts import Principal
+from sbx.control.errors import ControlError, not_found
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
@@ -171,18 +182,11 @@ def create_app(
     )
     app.state.control = cp
     app.state.reaper = reaper
+    cp.accounts.bootstrap(api_token)
+    app.state.gate = Gate(cp.accounts, settings)
 
     errors.install(app)
     app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
-
-    bearer = HTTPBearer(auto_error=False, description="The server's API token (sbx server writes it to "
-                        "~/.config/sbx/config.toml)")
-
-    def auth(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if creds is None or creds.scheme.lower() != "bearer" or not secrets.compare_digest(
-            creds.credentials.encode(), api_token.encode()
-        ):
-            raise ControlError("unauthorized", "missing or wrong API token", 401)
 
     @app.get("/healthz", tags=["meta"], response_model=S.Health)
     def healthz() -> dict[str, Any]:
@@ -191,7 +195,8 @@ def create_app(
 
     app.head("/healthz", include_in_schema=False)(healthz)
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth)])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(owned)])
+    Who = Depends(principal)
 
     def settled(sandbox_id: str, timeout: float) -> dict[str, Any]:
         return {"sandbox": cp.view(cp.wait_settled(sandbox_id, timeout))}
@@ -206,17 +211,28 @@ def create_app(
                      "wait=true")
 
     @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 404, 502, 507), **_DONE, **CAPACITY_RESPONSES})
-    def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ) -> JSONResponse:
-        """Create a sandbox; answers 202 in state ``provisioning`` (or 200 once running with ``?wait=true``)."""
+             responses={**S.errors(400, 403, 404, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+    def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
+                       ) -> JSONResponse:
+        """Create a sandbox for the key's account; answers 202 in state ``provisioning`` (or 200 once running with
+        ``?wait=true``). 403 ``plan_limit`` when the account's plan does not allow the size or another start."""
+        if body.from_snapshot is not None:
+            snap = cp.store.get_snapshot(body.from_snapshot)
+            if snap is not None and not who.sees(snap.account_id):
+                raise not_found(f"snapshot {body.from_snapshot}")
+        cp.secrets.names(who.account_id, body.secrets or [])  # 404/409 before anything is made
         row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
-                        body.auto_resume, body.labels)
+                        body.auto_resume, body.labels, account_id=who.account_id,
+                        cold=body.cold)
+        secrets_api.bind_all(cp, row.id, body.secrets, who.account_id)
         return accepted(row, wait_, timeout)
 
     @v1.get("/sandboxes", tags=["sandboxes"], response_model=S.SandboxList, responses=S.errors(400))
     def list_sandboxes(label: list[str] = Query([], description="only sandboxes with this label, as key=value "
-                                                "(repeat for several: all must match)")) -> dict[str, Any]:
-        """Every sandbox that is not deleted, oldest first (``?label=team=ml`` filters on labels)."""
+                                                "(repeat for several: all must match)"), who: Principal = Who
+                       ) -> dict[str, Any]:
+        """Every sandbox of the key's account (the admin: of every account) that is not deleted, oldest first
+        (``?label=team=ml`` filters on labels)."""
         wanted: dict[str, str] = {}
         for item in label:
             key, eq, value = item.partition("=")
@@ -224,11 +240,11 @@ def create_app(
                 raise ControlError("invalid_label", f"label filters are key=value, got {item[:80]!r}", 400,
                                    field="label")
             wanted[key] = value
-        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes(wanted)]}
+        return {"sandboxes": [cp.view(r, space=False) for r in cp.list_sandboxes(wanted, who.scope)]}
 
     @v1.get("/sandboxes/{sandbox_id}", tags=["sandboxes"], response_model=S.SandboxOut, responses=S.errors(404))
     def get_sandbox(sandbox_id: str) -> dict[str, Any]:
-        """One sandbox; ``stats`` is sampled now when it runs."""
+        """One sandbox; ``stats`` is sampled now when it runs (its cost so far: ``GET /v1/usage?sandbox=``)."""
         return {"sandbox": cp.view(cp.get(sandbox_id))}
 
     @v1.delete("/sandboxes/{sandbox_id}", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
@@ -248,8 +264,20 @@ def create_app(
         row = cp.stop(sandbox_id, keep_memory=(body or StopSandbox.model_validate({})).keep_memory)
         return accepted(row, wait_, timeout)
 
+    @v1.post("/sandboxes/{sandbox_id}/migrate", status_code=202, tags=["nodes"], response_model=S.SandboxOut,
+             responses={**S.errors(403, 404, 409, 502, 507), **_DONE})
+    def migrate_sandbox(sandbox_id: str, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
+                        ) -> JSONResponse:
+        """Move the running sandbox to another node while it runs (admin key: nodes are the installation's):
+        placement picks a ready node with room and the same CPU, kernel and CRIU; same id, URL, processes and
+        memory, one short pause. 507 ``insufficient_capacity`` when no other node may take it, 409
+        ``not_running``. A move that fails leaves it running where it was, with ``error`` set (``?wait=true``
+        answers that error)."""
+        require_admin(who)
+        return accepted(cp.migrate(sandbox_id), wait_, timeout)
+
     @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
     def resume_sandbox(
         sandbox_id: str, body: ResumeSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -260,17 +288,21 @@ def create_app(
         return accepted(row, wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
     def fork_sandbox(
         sandbox_id: str, body: ForkSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
-        """Fork a running or stopped sandbox: a new sandbox on a copy of its disk, booted fresh (no memory)."""
+        """Fork a running or stopped sandbox: a new sandbox on a copy of its disk, booted fresh (no memory); with
+        ``memory`` a running sandbox's processes and memory go along (409 ``invalid_state`` when it is stopped)."""
         b = body or ForkSandbox.model_validate({})
-        row = cp.fork(sandbox_id, b.type, b.ttl, b.name, b.env)
+        account = cp.get(sandbox_id).account_id  # a fork belongs to its source's account, and so do its secrets
+        cp.secrets.names(account, b.secrets or [])
+        row = cp.fork(sandbox_id, b.type, b.ttl, b.name, b.env, memory=b.memory)
+        secrets_api.bind_all(cp, row.id, b.secrets, account)
         return accepted(row, wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/snapshot", status_code=201, tags=["snapshots"], response_model=S.SnapshotOut,
-             responses=S.errors(400, 404, 409, 502, 507))
+             responses=S.errors(400, 403, 404, 409, 502, 507))
     def snapshot_sandbox(sandbox_id: str, body: SnapshotSandbox) -> dict[str, Any]:
         """Save a named, read-only copy of the sandbox's disk (usable with ``fromSnapshot``)."""
         return {"snapshot": cp.snapshot_views([cp.snapshot(sandbox_id, body.name)])[0]}
@@ -281,10 +313,72 @@ def create_app(
         """Snapshots made from this sandbox, oldest first."""
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox_id))}
 
+    # Nodes are shared by every account: only the installation's admin key sees or cordons them.
+    @v1.get("/nodes", tags=["nodes"], response_model=S.NodeList, responses=S.errors(403))
+    def list_nodes(who: Principal = Who) -> dict[str, Any]:
+        """Every registered node agent with its status, capacity, load and fingerprint, by name (admin key)."""
+        require_admin(who)
+        return {"nodes": cp.registry.views()}
+
+    @v1.post("/nodes", tags=["nodes"], status_code=201, response_model=S.NodeOut, responses=S.errors(400, 403, 502))
+    def add_node(body: AddNode, who: Principal = Who) -> dict[str, Any]:
+        """Add the node agent at ``url`` (with its node token) to the nodes every replica drives (admin key). It
+        is asked for its heartbeat first: 400 ``node_unauthorized`` for a wrong token, 502 ``node_unreachable``
+        (nothing is stored then)."""
+        require_admin(who)
+        return {"node": cp.add_node(body.url, body.token)}
+
+    @v1.delete("/nodes/{name}", tags=["nodes"], response_model=S.NodeOut, responses=S.errors(403, 404, 409))
+    def remove_node(name: str, who: Principal = Who) -> dict[str, Any]:
+        """Stop driving node ``name`` (admin key): 409 ``node_in_use`` while it holds sandboxes (delete or move
+        them first), 409 ``node_configured`` for the server's own node (SBX_NODE_URL or the embedded one)."""
+        require_admin(who)
+        return {"node": cp.remove_node(name)}
+
+    @v1.post("/nodes/{name}/cordon", tags=["nodes"], response_model=S.NodeOut, responses=S.errors(403, 404))
+    def cordon_node(name: str, who: Principal = Who) -> dict[str, Any]:
+        """Place no new sandbox on node ``name``; its sandboxes keep running (admin key)."""
+        require_admin(who)
+        return {"node": cp.registry.cordon(name, True)}
+
+    @v1.post("/nodes/{name}/uncordon", tags=["nodes"], response_model=S.NodeOut, responses=S.errors(403, 404))
+    def uncordon_node(name: str, who: Principal = Who) -> dict[str, Any]:
+        """Let new sandboxes go to node ``name`` again (admin key)."""
+        require_admin(who)
+        return {"node": cp.registry.cordon(name, False)}
+
+    @v1.post("/nodes/{name}/drain", tags=["nodes"], status_code=202, response_model=S.DrainOut,
+             responses={200: {"model": S.DrainOut, "description": "with `?wait=true`: the drain has finished"},
+                        **S.errors(403, 404)})
+    def drain_node(name: str, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
+                   ) -> JSONResponse:
+        """Cordon node ``name`` and move every sandbox off it (admin key): running ones by live migration, stopped
+        ones with their disk and memory image, to nodes placement picks. Answers at once with the drain (each
+        sandbox ``pending``); follow it with ``GET /v1/nodes/{name}/drain``; ``?wait=true`` answers 200 when it
+        has finished. A sandbox no other node can take stays where it is, its item ``failed`` with
+        ``insufficient_capacity``. A drain already running there is returned as it is."""
+        require_admin(who)
+        drain = cp.drains.start(name)
+        if not wait_:
+            return JSONResponse({"drain": drain}, status_code=202)
+        deadline = time.monotonic() + timeout
+        while drain["state"] == "draining" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            drain = cp.drains.get(name)
+        return JSONResponse({"drain": drain}, status_code=200 if drain["state"] == "done" else 202)
+
+    @v1.get("/nodes/{name}/drain", tags=["nodes"], response_model=S.DrainOut, responses=S.errors(403, 404))
+    def drain_status(name: str, who: Principal = Who) -> dict[str, Any]:
+        """The last drain of node ``name`` this server ran, with each sandbox's progress (admin key); 404 when it
+        ran none."""
+        require_admin(who)
+        return {"drain": cp.drains.get(name)}
+
     @v1.get("/snapshots", tags=["snapshots"], response_model=S.SnapshotList, responses=S.errors(404))
-    def list_snapshots(sandbox: str | None = Query(None, description="only this sandbox's")) -> dict[str, Any]:
-        """All snapshots, oldest first."""
-        return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox))}
+    def list_snapshots(sandbox: str | None = Query(None, description="only this sandbox's"), who: Principal = Who
+                       ) -> dict[str, Any]:
+        """All snapshots of the key's account (the admin: of every account), oldest first."""
+        return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox, who.scope))}
 
     @v1.delete("/snapshots/{name}", tags=["snapshots"], response_model=S.Deleted, responses=S.errors(404, 409, 502))
     def delete_snapshot(name: str) -> dict[str, Any]:
@@ -355,6 +449,20 @@ def create_app(
         return _ndjson(lambda gone: cp.events(sandbox_id, after, follow or until == "settled", until == "settled",
                                               stop=gone))
 
-    sandbox_io.register(app, v1, cp, api_token)
+    @v1.get("/sandboxes/{sandbox_id}/stats", tags=["sandboxes"], response_model=S.StatsSeries,
+            responses=S.errors(400, 404))
+    def sandbox_stats(sandbox_id: str, seconds: float = Query(3600, gt=0, le=3600, description="how far back, in "
+                      "seconds (at most one hour)")) -> dict[str, Any]:
+        """Memory and CPU samples of the last ``seconds`` (the control plane samples each running sandbox every
+        ``SBX_STATS_SAMPLE_SECONDS``, 5 by default, and keeps one hour), oldest first."""
+        cp.get(sandbox_id)
+        return {"sandboxId": sandbox_id, "intervalSeconds": settings.stats_sample_seconds, "samples": [
+            {"at": round(x.at, 3), "memoryUsedMb": x.memory_used_mb, "memoryTotalMb": x.memory_total_mb,
+             "cpuPercent": x.cpu_percent} for x in cp.sampler.series(sandbox_id, seconds)]}
+
+    sandbox_io.register(app, v1, cp)
+    account_routes.register(v1, cp)
+    secrets_api.register(v1, cp)
+    console.register(app)
     app.include_router(v1)
     return app

@@ -1,12 +1,50 @@
-"""The API token: one bearer token per server, kept in ``<state_dir>/token`` (mode 0600)."""
+"""Who a request is, and whether it may go on: API keys, the request's :class:`Principal`, abuse limits.
+
+- The installation's admin key is the token in ``<state_dir>/token`` (mode 0600; :func:`ensure_token`), made on
+  the first start and written to the client config by ``sbx server``. Accounts' keys live hashed in the database
+  (:mod:`sbx.control.accounts`).
+- :func:`principal` is the FastAPI dependency every ``/v1`` route has: it yields the request's
+  :class:`~sbx.control.accounts.Principal` (account id, key id, admin flag), or answers 401 ``unauthorized``
+  (missing, unknown, revoked or expired key). Anything that needs the request's account (e.g. secrets of a
+  credential proxy) should take ``principal: Principal = Depends(principal)``.
+- :func:`owned` (a dependency of the ``/v1`` router) checks the path's ``sandbox_id`` (or a snapshot's ``name``)
+  against the principal after the lookup: another account's resource answers exactly like a missing one, 404
+  ``not_found``. The admin sees all.
+- :class:`Gate` keeps the abuse limits in memory, per server process: a token bucket per account key
+  (``Settings.rate_limit`` requests/s, ``rate_burst`` at once; over it 429 ``rate_limited`` with ``Retry-After``),
+  and a count of wrong keys per client address (``auth_fail_limit`` per ``auth_fail_window`` seconds; over it
+  every key that address presents is answered 401 ``auth_throttled`` with ``Retry-After`` until the window ends
+  without being looked up (401, not 429: to the client it is still "not authenticated"), so guessing cannot go on
+  by being right; only keys that address already used successfully before go on working, checked against that
+  in-memory list alone).
+- The web console's cookie sessions (:mod:`sbx.api.sessions`) are kept by the Gate too (:attr:`Gate.sessions`):
+  :meth:`Gate.authorize` takes either a bearer key or a session cookie (with the console's CSRF rules), and a
+  session's key goes through :meth:`Gate.check` again on every request, so there is one key check, one
+  :class:`Principal` and the same ownership rules whichever way a request is signed.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from sbx.api.sessions import SESSION_COOKIE, Sessions, csrf_ok
 from sbx.config import Settings
+from sbx.control.accounts import Accounts, Principal, digest
+from sbx.control.errors import ControlError, not_found
+
+bearer = HTTPBearer(auto_error=False, description="An API key (sbx server writes the installation's admin key to "
+                    "~/.config/sbx/config.toml; `sbx admin key create` makes an account's). The web console's "
+                    "session cookie is accepted too.")
 
 
 def token_path(settings: Settings) -> Path:
@@ -27,3 +65,153 @@ def ensure_token(settings: Settings) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
+
+
+GOOD_KEYS_KEPT = 64
+"""Keys remembered per client address as having worked from it (they skip the wrong-key throttle)."""
+
+
+def _retry(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+class Gate:
+    """Authentication and abuse limits for one server process (thread-safe). ``clock`` is monotonic seconds."""
+
+    def __init__(self, accounts: Accounts, settings: Settings, clock: Callable[[], float] = time.monotonic,
+                 sessions: Sessions | None = None):
+        self.accounts = accounts
+        self.sessions = sessions or Sessions()
+        self.settings = settings
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}  # key id -> (tokens, at)
+        self._fails: dict[str, deque[float]] = {}  # client address -> times of wrong keys
+        self._good: dict[str, set[str]] = {}  # client address -> digests of keys that worked from it
+
+    def check(self, token: str | None, client: str) -> Principal:
+        """The principal of ``token`` presented from address ``client``. Raises 401 ``unauthorized`` (no key, or
+        a wrong/revoked/expired one), 401 ``auth_throttled`` (this address presented too many wrong keys lately;
+        with ``Retry-After``) or 429 ``rate_limited`` (this key is over its request rate)."""
+        if not token:
+            raise ControlError("unauthorized", "missing API key (Authorization: Bearer <key>)", 401)
+        key = digest(token)
+        if key not in self._good.get(client, ()):
+            self._throttled(client)
+        found = self.accounts.authenticate(token)
+        if found is None:
+            self._failed(client)
+            raise ControlError("unauthorized", "wrong, revoked or expired API key", 401)
+        with self._lock:
+            good = self._good.setdefault(client, set())
+            if len(good) < GOOD_KEYS_KEPT:
+                good.add(key)
+        if not found.admin:
+            self._rate(found.key_id)
+        return found
+
+    def authorize(self, method: str, headers: Mapping[str, str], cookies: Mapping[str, str], client: str,
+                  query: Mapping[str, str] | None = None, websocket: bool = False) -> Principal:
+        """Authorize one request from address ``client``. An ``Authorization`` header decides on its own (a wrong
+        one is 401 even with a session cookie; a scheme other than ``Bearer`` counts as no key). Otherwise the
+        :data:`~sbx.api.sessions.SESSION_COOKIE` must name a live session, the request must pass the CSRF rules
+        (:func:`~sbx.api.sessions.csrf_ok`, else ``403 csrf_failed``) and the session's key must still pass
+        :meth:`check` (a key that fails ends the session). Raises as :meth:`check` does."""
+        header = headers.get("authorization")
+        if header:
+            scheme, _, cred = header.partition(" ")
+            return self.check(cred.strip() if scheme.lower() == "bearer" else None, client)
+        session = self.sessions.get(cookies.get(SESSION_COOKIE))
+        if session is None:
+            raise ControlError("unauthorized", "missing API key (Authorization: Bearer <key>) or console session",
+                               401)
+        csrf_ok(session, method, headers, query, websocket)
+        try:
+            found = self.check(session.key, client)
+        except ControlError as e:
+            if e.code == "unauthorized":
+                self.sessions.close(session.id)
+            raise
+        if found.key_id != session.key_id:  # the same token can only name one key; kept as a guard
+            self.sessions.close(session.id)
+            raise ControlError("unauthorized", "wrong, revoked or expired API key", 401)
+        return found
+
+    def _throttled(self, client: str) -> None:
+        limit, window = self.settings.auth_fail_limit, self.settings.auth_fail_window
+        if limit <= 0:
+            return
+        now = self.clock()
+        with self._lock:
+            fails = self._fails.get(client)
+            while fails and fails[0] <= now - window:
+                fails.popleft()
+            if fails is not None and not fails:
+                del self._fails[client]
+            if fails and len(fails) >= limit:
+                wait = fails[0] + window - now
+                raise ControlError("auth_throttled", f"too many wrong API keys from this address; try again in "
+                                   f"{math.ceil(wait)} s", 401, headers=_retry(wait))
+
+    def _failed(self, client: str) -> None:
+        if self.settings.auth_fail_limit > 0:
+            with self._lock:
+                self._fails.setdefault(client, deque()).append(self.clock())
+
+    def _rate(self, key_id: str) -> None:
+        rate, burst = self.settings.rate_limit, max(1, self.settings.rate_burst)
+        if rate <= 0:
+            return
+        now = self.clock()
+        with self._lock:
+            tokens, at = self._buckets.get(key_id, (float(burst), now))
+            tokens = min(float(burst), tokens + (now - at) * rate)
+            if tokens < 1.0:
+                self._buckets[key_id] = (tokens, now)
+                wait = (1.0 - tokens) / rate
+                raise ControlError("rate_limited", f"this API key is over {rate:g} requests per second; retry in "
+                                   f"{math.ceil(wait)} s", 429, headers=_retry(wait))
+            self._buckets[key_id] = (tokens - 1.0, now)
+
+
+def client_address(request: Request) -> str:
+    """The client's IP address (``"unknown"`` when the server does not know it)."""
+    return request.client.host if request.client else "unknown"
+
+
+def principal(request: Request, _creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    """FastAPI dependency: the request's :class:`Principal` from its bearer key or its console session cookie
+    (:meth:`Gate.authorize`); 401/403/429 otherwise. Also left in ``request.state.principal``."""
+    gate: Gate = request.app.state.gate
+    found = gate.authorize(request.method, request.headers, request.cookies, client_address(request))
+    request.state.principal = found
+    return found
+
+
+def check_sandbox(control: object, who: Principal, sandbox_id: str) -> None:
+    """404 ``not_found`` when sandbox ``sandbox_id`` exists but belongs to an account ``who`` does not see (a
+    missing one is left to the route, which answers the same)."""
+    row = control.store.get_sandbox(sandbox_id)  # type: ignore[attr-defined]
+    if row is not None and not who.sees(row.account_id):
+        raise not_found(f"sandbox {sandbox_id}")
+
+
+def owned(request: Request, who: Principal = Depends(principal)) -> Principal:
+    """Router dependency: the ownership check of every ``/v1`` route's path (``sandbox_id``; ``name`` of
+    ``/v1/snapshots/{name}``)."""
+    control = request.app.state.control
+    params = request.path_params
+    if "sandbox_id" in params:
+        check_sandbox(control, who, str(params["sandbox_id"]))
+    if "name" in params and request.url.path.startswith("/v1/snapshots/"):
+        snap = control.store.get_snapshot(str(params["name"]))
+        if snap is not None and not who.sees(snap.account_id):
+            raise not_found(f"snapshot {params['name']}")
+    return who
+
+
+def require_admin(who: Principal) -> None:
+    """403 ``admin_only`` unless ``who`` holds the installation's admin key: for what every account shares (the
+    accounts themselves, the nodes)."""
+    if not who.admin:
+        raise ControlError("admin_only", "this needs the installation's admin key", 403)

@@ -45,9 +45,9 @@ _FILE_UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/files$")
 
 
 def error_response(status: int, code: str, message: str, *, field: str | None = None, state: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    """The JSON error answer ``{"error": {"code","message"[,"field"][,"state"]}}`` with ``status``."""
-    body: dict[str, Any] = {"code": code, "message": message}
+                   headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> JSONResponse:
+    """The JSON error answer ``{"error": {"code","message"[,"field"][,"state"][, extra...]}}`` with ``status``."""
+    body: dict[str, Any] = {**(extra or {}), "code": code, "message": message}
     if field is not None:
         body["field"] = field
     if state is not None:
@@ -121,7 +121,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ControlError)
     async def _control_error(_req: Request, exc: ControlError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return error_response(exc.status, exc.code, exc.message, field=exc.field, state=exc.state, headers=headers)
+        if exc.headers:
+            headers = {**(headers or {}), **exc.headers}
+        return error_response(exc.status, exc.code, exc.message, field=exc.field, state=exc.state, headers=headers,
+                              extra=exc.extra)
 
     @app.exception_handler(NodeError)
     async def _node_error(_req: Request, exc: NodeError) -> JSONResponse:

@@ -118,6 +118,14 @@ CommandField = Field(min_length=1, max_length=COMMAND_MAX_BYTES, description="ru
                      f"(at most {COMMAND_MAX_BYTES} bytes)")
 
 
+SECRET_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,62}$"
+SECRETS_MAX = 32
+"""Most secrets one sandbox may be given at create or fork."""
+SecretName = Annotated[str, Field(min_length=1, max_length=63, json_schema_extra={"pattern": SECRET_NAME_PATTERN})]
+SecretsField = Field(None, max_length=SECRETS_MAX, description="names of secrets the sandbox may use through the "
+                     "egress proxy (see /v1/secrets); it never sees their values")
+
+
 class _Body(BaseModel):
     """Base of every body. A NUL character anywhere in it (JSON allows ``\\u0000``) is refused with 400 naming the
     field: no command, path, name or environment variable can carry one to the sandbox's processes."""
@@ -133,10 +141,19 @@ class _Body(BaseModel):
         return data
 
 
+class AddNode(_Body):
+    """``POST /v1/nodes``: the ``url`` of a node agent (``sbx node serve``, e.g. ``http://10.0.0.2:7700``) and its
+    node ``token``."""
+
+    url: str = Field(min_length=8, max_length=300, pattern=r"^https?://[^\s/]+(:[0-9]+)?/?$")
+    token: str = Field(min_length=8, max_length=200)
+
+
 class CreateSandbox(_Body):
     """``POST /v1/sandboxes``: ``type``, ``name``, ``ttl`` seconds of inactivity before an automatic stop (0 =
     never; default 3600), ``fromSnapshot``, ``noSnapshots``, ``env``, ``autoResume`` (an exec, a file call, a shell
-    or a request on a hosted port resumes it when stopped), ``labels`` (metadata for list filters)."""
+    or a request on a hosted port resumes it when stopped), ``labels`` (metadata for list filters), ``cold`` (no
+    memory template: boot)."""
 
     type: SizeType = "small"
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
@@ -147,6 +164,9 @@ class CreateSandbox(_Body):
     auto_resume: bool = Field(False, alias="autoResume")
     labels: Labels = Field(None, max_length=LABELS_MAX, description=f"string metadata (at most {LABELS_MAX}; keys "
                            "1-63 characters of letters, digits, '.', '_', '/', '-'), for `GET /v1/sandboxes?label=`")
+    cold: bool = Field(False, description="cold boot even when a memory template of the size is ready (by default "
+                       "a new sandbox without fromSnapshot is restored from the template, with its own identity)")
+    secrets: list[SecretName] | None = SecretsField
 
 
 
@@ -167,12 +187,16 @@ class ResumeSandbox(_Body):
 
 class ForkSandbox(_Body):
     """``POST /v1/sandboxes/{id}/fork``: ``type``, ``ttl`` (default one hour), ``name`` (default
-    ``"<source name> (fork)"``), ``env`` (default the source's)."""
+    ``"<source name> (fork)"``), ``env`` (default the source's), ``memory`` (the running source's processes and
+    memory go along; the fork's ``memoryRestored`` is true)."""
 
     type: SizeType | None = None
     ttl: int | None = TtlField
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
     env: Env = EnvField
+    memory: bool = Field(False, description="fork with memory: the running source is paused for the dump only "
+                         "and keeps its PIDs; the fork gets its processes and memory and a new identity")
+    secrets: list[SecretName] | None = SecretsField
 
 
 
@@ -219,3 +243,67 @@ class HostPort(_Body):
 
     port: int = Field(ge=1, le=65535)
     public: bool = False
+
+
+class CreateAccount(_Body):
+    """``POST /v1/accounts`` (admin): ``name`` (1-63 letters, digits, ``.``, ``_``, ``-``) and ``plan`` (default:
+    the server's ``default_plan``)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    plan: str | None = Field(None, min_length=1, max_length=32)
+
+
+class UpdateAccount(_Body):
+    """``PATCH /v1/accounts/{id}`` (admin): move the account to ``plan``. The API narrows ``plan`` (here and in
+    :class:`CreateAccount`) to the server's plan names (:func:`with_plans`)."""
+
+    plan: str = Field(min_length=1, max_length=32)
+
+
+class CreateKey(_Body):
+    """``POST /v1/accounts/{id}/keys``: ``name`` of the key and ``expiresIn`` seconds (none: never expires)."""
+
+    name: str = Field("default", min_length=1, max_length=100, pattern=r"\S")
+    expires_in: int | None = Field(None, alias="expiresIn", ge=1, le=10 * 365 * 86400)
+
+
+def with_plans(names: list[str]) -> tuple[type[CreateAccount], type[UpdateAccount]]:
+    """:class:`CreateAccount` and :class:`UpdateAccount` whose ``plan`` is one of ``names`` (the server's plan
+    table), so the OpenAPI document lists them and anything else is 400 ``invalid_plan``."""
+    choice: Any = Literal[tuple(names)]  # type: ignore[valid-type]
+
+    class CreateAccountIn(CreateAccount):
+        plan: choice | None = None  # type: ignore[valid-type]
+
+    class UpdateAccountIn(UpdateAccount):
+        plan: choice  # type: ignore[valid-type]
+
+    return CreateAccountIn, UpdateAccountIn
+class SecretRule(_Body):
+    """Where a secret may go and what the proxy does there: ``hosts`` (exact ``api.example.com`` or
+    ``*.example.com``), optional ``pathPrefix`` and ``methods``; ``action`` ``replace`` (the placeholder
+    ``sbx-secret:NAME`` in headers, query and bodies up to 1 MiB; the default), ``header`` (set ``header`` to
+    ``value`` with ``{secret}`` filled in) or ``basic`` (HTTP basic auth as ``username``)."""
+
+    hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(min_length=1, max_length=32)
+    path_prefix: str | None = Field(None, alias="pathPrefix", min_length=1, max_length=PATH_MAX)
+    methods: list[Annotated[str, Field(min_length=1, max_length=16)]] | None = Field(None, max_length=16)
+    action: Literal["replace", "header", "basic"] = "replace"
+    header: str | None = Field(None, min_length=1, max_length=128)
+    value: str | None = Field(None, min_length=1, max_length=4096, description="header value holding {secret}")
+    username: str | None = Field(None, min_length=1, max_length=256)
+
+
+class PutSecret(_Body):
+    """``PUT /v1/secrets/{name}``: the ``value`` (at most 64 KiB) and the ``rules`` (required for a new secret;
+    omitted on a rotation, the old rules stay)."""
+
+    value: str = Field(min_length=1, max_length=64 * 1024)
+    rules: list[SecretRule] | None = Field(None, min_length=1, max_length=32)
+
+
+class SignIn(_Body):
+    """``POST /v1/console/session``: the API ``key`` to sign the web console in with."""
+
+    key: str = Field(min_length=1, max_length=512,
+                     description="an API key (an account's key, or the installation's admin key)")

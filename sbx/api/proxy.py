@@ -34,9 +34,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import h11
 
+from sbx.api.sessions import SESSION_COOKIE
 from sbx.config import Settings
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
+from sbx.node.remote.relay import open_relay
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.proxy")
@@ -75,7 +77,9 @@ def _strip_token(target: bytes) -> tuple[bytes, str | None]:
 
 
 def _split_cookies(values: list[bytes]) -> tuple[list[bytes], str | None]:
-    """Drop our cookie from ``Cookie`` header values; returns the values left and our cookie's value."""
+    """Drop our cookie from ``Cookie`` header values; returns the values left and our cookie's value. The web
+    console's session cookie (:data:`sbx.api.sessions.SESSION_COOKIE`, sent along when the console and the proxy share
+    a host name) is dropped too and never read: a hosted port neither sees nor accepts it."""
     ours = None
     kept = []
     for raw in values:
@@ -84,6 +88,8 @@ def _split_cookies(values: list[bytes]) -> tuple[list[bytes], str | None]:
             name, _, value = piece.strip().partition(b"=")
             if name == COOKIE.encode():
                 ours = value.decode("latin-1")
+            elif name == SESSION_COOKIE.encode():
+                continue
             elif piece.strip():
                 pieces.append(piece.strip())
         if pieces:
@@ -209,7 +215,9 @@ class Proxy:
         active.append(sandbox.id)
         try:
             await asyncio.to_thread(cp.routes.ensure_running, sandbox.id)
-            address = await asyncio.to_thread(cp.node.address, sandbox.id)
+            # a sandbox on another node's bridge is reached through that node's port relay (sbx.node.remote.relay)
+            relay = await asyncio.to_thread(cp.node.relay, sandbox.id)
+            address = "" if relay is not None else await asyncio.to_thread(cp.node.address, sandbox.id)
         except ControlError as e:
             writer.write(_error(e.status if e.status in (404, 409) else 502, e.code, e.message, e.state))
             await writer.drain()
@@ -220,8 +228,18 @@ class Proxy:
             await writer.drain()
             return
         try:
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, route.port),
-                                                          CONNECT_TIMEOUT)
+            if relay is not None:
+                up_reader, up_writer = await open_relay(*relay, sandbox.id, route.port, timeout=CONNECT_TIMEOUT)
+            else:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, route.port),
+                                                              CONNECT_TIMEOUT)
+        except NodeError as e:
+            if e.code != "unreachable":
+                log.warning("proxy: relay to %s refused: %s %s", sandbox.id, e.code, e.message)
+            writer.write(_error(502, "upstream_unreachable" if e.code == "unreachable" else e.code,
+                                f"nothing answers on port {route.port} of sandbox {sandbox.id}"))
+            await writer.drain()
+            return
         except (OSError, TimeoutError) as e:
             # never the sandbox's internal address: callers of a public route are not the sandbox's owner
             why = "timed out" if isinstance(e, TimeoutError) else (os.strerror(e.errno) if e.errno else "failed")

@@ -1,7 +1,8 @@
 """API endpoints for getting into a sandbox: hosted-port routes, files, and PTY sessions (``sbx ssh``).
 
-Added to the ``/v1`` router by :func:`register` (so they share its bearer auth), except the PTY WebSocket, which
-checks the same token itself::
+Added to the ``/v1`` router by :func:`register` (so they share its auth), except the PTY WebSocket, which checks
+the same bearer key or console session itself (:meth:`sbx.api.auth.Gate.authorize`; with the session cookie it must
+come from the console's origin and carry ``?csrf=``)::
 
     POST   /v1/sandboxes/{id}/routes                 host a port {"port","public"}    201 {"route"}
     GET    /v1/sandboxes/{id}/routes                 its routes                        200 {"routes": [...]}
@@ -31,7 +32,6 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import signal
 import struct
 import subprocess
@@ -47,9 +47,11 @@ from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect
 
 from sbx.api import schemas as S
+from sbx.api.auth import Gate, check_sandbox
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
+from sbx.node.tools import hang_up
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.api")
@@ -83,11 +85,11 @@ def looks_like_tar(head: bytes) -> bool:
     return want in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
 
 
-def register(app: FastAPI, v1: APIRouter, cp: ControlPlane, api_token: str) -> None:
+def register(app: FastAPI, v1: APIRouter, cp: ControlPlane) -> None:
     """Add the routes, files and PTY endpoints. Call before ``app.include_router(v1)``."""
     _routes(v1, cp)
     _files(v1, cp)
-    _pty(app, cp, api_token)
+    _pty(app, cp)
 
 
 def _routes(v1: APIRouter, cp: ControlPlane) -> None:
@@ -232,22 +234,16 @@ async def _fd_ready(fd: int, writer: bool = False) -> None:
         (loop.remove_writer if writer else loop.remove_reader)(fd)
 
 
-def _hang_up(proc: subprocess.Popen[bytes]) -> None:
-    """End a session whose client went away: SIGHUP (runc passes it to the command), then SIGKILL."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGHUP)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
-def _pty(app: FastAPI, cp: ControlPlane, api_token: str) -> None:
-    def authorized(header: str | None) -> bool:
-        scheme, _, cred = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(cred.strip().encode(), api_token.encode())
+def _pty(app: FastAPI, cp: ControlPlane) -> None:
+    def authorize(ws: WebSocket, sandbox_id: str) -> None:
+        """The same key (or console session) check and ownership check as every other ``/v1`` route
+        (:meth:`sbx.api.auth.Gate.authorize`, with the WebSocket's CSRF rule for a session cookie)."""
+        gate: Gate = app.state.gate
+        who = gate.authorize("GET", ws.headers, ws.cookies, ws.client.host if ws.client else "unknown",
+                             ws.query_params, websocket=True)
+        check_sandbox(cp, who, sandbox_id)
 
     @app.websocket("/v1/sandboxes/{sandbox_id}/pty")
     async def pty_session(ws: WebSocket, sandbox_id: str) -> None:
@@ -257,8 +253,10 @@ def _pty(app: FastAPI, cp: ControlPlane, api_token: str) -> None:
             await ws.send_text(json.dumps({"type": "error", "code": code, "message": message}))
             await ws.close(code=4000)
 
-        if not authorized(ws.headers.get("authorization")):
-            await refuse("unauthorized", "missing or wrong API token")
+        try:
+            await run_in_threadpool(authorize, ws, sandbox_id)
+        except ControlError as e:
+            await refuse(e.code, e.message)
             return
         q = ws.query_params
         command = q.get("command")
@@ -276,7 +274,7 @@ def _pty(app: FastAPI, cp: ControlPlane, api_token: str) -> None:
                            lambda: cp.activity.touch(sandbox_id))
         finally:
             os.close(master)
-            await run_in_threadpool(_hang_up, proc)
+            await run_in_threadpool(hang_up, proc)
             cp.activity.end(sandbox_id)
 
 

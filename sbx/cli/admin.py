@@ -89,7 +89,7 @@ def server(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run the sbx server: HTTP API, hosted-port proxy, control plane and this machine's node, in one process
-    (SIGTERM stops it)."""
+    (SIGTERM stops it). With ``SBX_NODE_URL`` (and ``SBX_NODE_TOKEN``) the node is that node agent instead."""
     import uvicorn
 
     from sbx.api.app import create_app
@@ -106,7 +106,15 @@ def server(
     logging.getLogger("alembic").setLevel(logging.WARNING)
     token = ensure_token(settings)
     write_client_config(settings, token)
-    node = LocalNode(settings)
+    node: Any
+    if settings.node_url:
+        from sbx.node.remote.client import RemoteNode
+
+        if not settings.node_token:
+            raise fail("missing_node_token", "SBX_NODE_URL needs SBX_NODE_TOKEN (the node agent's token)")
+        node = RemoteNode(settings.node_url, settings.node_token, settings)
+    else:
+        node = LocalNode(settings)
     try:
         node.prepare(progress=_progress)
     except Exception as e:  # host checks, volume, image, network: report, don't trace

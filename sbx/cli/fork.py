@@ -26,15 +26,21 @@ def fork(
     name: str = typer.Option(None, "--name", "-n", help="Name of the fork (default: '<source name> (fork)')."),
     env: list[str] = typer.Option(None, "--env", "-e", help="KEY=VALUE replacing the source's env (repeatable)."),
     wait: bool = typer.Option(False, "--wait", help="Return once the fork runs."),
+    memory: bool = typer.Option(False, "--memory", help="Fork with memory: the running source's processes and "
+                                "memory go along (it pauses for the dump only); the fork gets a new identity."),
+    secret: list[str] = typer.Option(None, "--secret", "-s", help="A secret the fork may use (repeatable; a fork "
+                                     "does not inherit its source's)."),
     json_: bool = JSON_OPT,
 ) -> None:
-    """Fork a sandbox: a new sandbox on a copy of its disk, booted fresh (memory and processes are not copied).
+    """Fork a sandbox: a new sandbox on a copy of its disk, booted fresh (memory and processes are not copied;
+    with --memory they are).
 
     With --json, prints event lines: {"event":"forking",...}, then (with --wait) {"event":"state",...} and
     {"event":"ready",...}."""
     with client() as c:
         with spinner(f"forking {sandbox_id}", wait and not json_):
-            sb = c.run(P.fork(sandbox_id, type, ttl, name, parse_env(env), wait=False))
+            sb = c.run(P.fork(sandbox_id, type, ttl, name, parse_env(env), wait=False, memory=memory,
+                              secrets=secret))
             fork_id = sb["id"]
             if not wait:
                 if json_:

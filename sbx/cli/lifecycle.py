@@ -10,6 +10,7 @@ from rich.table import Table
 
 from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json, print_table, spinner
 from sbx.sdk import protocol as P
+from sbx.sdk.accounts import usage
 
 
 def _summary(sb: dict[str, Any]) -> str:
@@ -33,13 +34,17 @@ def new(
     ),
     label: list[str] = typer.Option(None, "--label", "-l", help="KEY=VALUE metadata, for `sbx list --label` "
                                     "(repeatable)."),
+    cold: bool = typer.Option(False, "--cold", help="Boot it, even when a memory template of its size is ready "
+                              "(by default it is restored from the template, with its own identity)."),
+    secret: list[str] = typer.Option(None, "--secret", "-s", help="A secret it may use through the egress proxy "
+                                     "(see `sbx secret`; repeatable). It never sees the value."),
     json_: bool = JSON_OPT,
 ) -> None:
     """Create a sandbox and print its id."""
     labels = parse_env(label, "--label")
     with client() as c, spinner(f"creating {type} sandbox", not json_):
         sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume,
-                            labels))
+                            labels, cold, secret))
     if json_:
         print_json({"sandbox": sb})
     else:
@@ -65,18 +70,19 @@ def list_(
 
 @handle_errors
 def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool = JSON_OPT) -> None:
-    """Show a sandbox (its state, size, memoryRestored/resumeReason and fresh stats)."""
+    """Show a sandbox (its state, size, memoryRestored/resumeReason, fresh stats and its cost so far)."""
     with client() as c:
         sb = c.run(P.get(sandbox_id))
-    if json_:
-        print_json({"sandbox": sb})
-        return
+        if json_:
+            print_json({"sandbox": sb})
+            return
+        cost = c.run(usage(sandbox_id=sandbox_id))["total"]
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
                 "memorySaved", "stopReason", "stopError", "ttl", "autoResume", "noSnapshots", "subdomain", "url",
-                "createdAt", "updatedAt"):
+                "node", "nodeStatus", "createdAt", "updatedAt"):
         value = sb.get(key)
         table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
     if sb.get("error"):
@@ -88,6 +94,8 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_row("disk allocated", f"{st.get('diskAllocatedBytes', 0) / 2**20:.1f} MiB on the volume")
     table.add_row("disk unique", f"{st.get('diskUniqueBytes', 0) / 2**20:.1f} MiB (freed by a delete)")
     table.add_row("oom kills", str(st.get("oomKills", 0)))
+    table.add_row("cost so far", f"${cost['cost']:.6f} ({cost['runningSeconds']:.0f} s running, "
+                  f"{cost['storedGiBHours']:.4f} GiB-hours stored)")
     out.print(table)
 
 

@@ -10,14 +10,19 @@ Verbs::
     sbx host ID [PORT [--public]] | unhost ID PORT
     sbx fork ID [--type T] [--ttl S] [--name N] [--wait] [--json]
     sbx snapshot ID NAME | snapshots [ID] | snapshot-delete NAME
+    sbx plan | usage [--from D] [--to D] [--by sandbox|size|day]
+    sbx admin account create|list|set-plan | admin key create|list|revoke
+    sbx secret set NAME --host H [--header 'Authorization: Bearer {secret}'] < value | list | rm | log | bind | unbind
+    sbx new|fork ... --secret NAME
     sbx server | setup | doctor
+    sbx node serve [--host H] [--port P] | node list [--json] | node cordon NODE | node uncordon NODE
 """
 
 from __future__ import annotations
 
 import typer
 
-from sbx.cli import admin, exec, files, fork, lifecycle, ports, ssh
+from sbx.cli import accounts, admin, exec, files, fork, lifecycle, nodes, ports, secrets, ssh
 
 app = typer.Typer(
     name="sbx",
@@ -46,14 +51,21 @@ app.command("cp", rich_help_panel="Commands")(files.cp)
 app.command("host", rich_help_panel="Ports")(ports.host)
 app.command("unhost", rich_help_panel="Ports")(ports.unhost)
 
+app.add_typer(secrets.app, name="secret", rich_help_panel="Secrets")
+
 app.command("fork", rich_help_panel="Copies")(fork.fork)
 app.command("snapshot", rich_help_panel="Copies")(fork.snapshot)
 app.command("snapshots", rich_help_panel="Copies")(fork.snapshots)
 app.command("snapshot-delete", rich_help_panel="Copies")(fork.snapshot_delete)
 
+app.command("plan", rich_help_panel="Account")(accounts.plan)
+app.command("usage", rich_help_panel="Account")(accounts.usage)
+app.add_typer(accounts.admin_app, name="admin", rich_help_panel="Machine")
+
 app.command("server", rich_help_panel="Machine")(admin.server)
 app.command("setup", rich_help_panel="Machine")(admin.setup)
 app.command("doctor", rich_help_panel="Machine")(admin.doctor)
+app.add_typer(nodes.app, name="node", rich_help_panel="Machine")
 
 if __name__ == "__main__":
     app()

@@ -6,6 +6,10 @@ SIGKILL closes its sockets; PostgreSQL then drops the session and every lock it 
   check-and-set of a lifecycle operation so two replicas never both start an operation on one sandbox.
 - :class:`LeaderLock`: one lock per duty (``pg_try_advisory_lock(2, hashtext(name))``) kept by the replica that
   runs the duty (the reaper); the others try again on their next tick.
+- :class:`OpLocks`: who owns the operation in flight on a sandbox (``pg_try_advisory_lock(3, hashtext(id))``, held
+  from the transition into a transient state until the transition out of it), and which replicas are alive (each
+  holds ``pg_advisory_lock_shared(4, 0)``). A transient row whose lock another replica can take was left by a dead
+  replica: it is settled from what the node reports instead of waiting forever.
 
 On SQLite (one server process per database file) both are no-ops: the in-process conditions of
 :class:`sbx.control.state.Lifecycle` already serialise everything and the only process is the leader.
@@ -28,6 +32,10 @@ SANDBOX_NS = 1
 """First key of the two-key advisory lock for per-sandbox locks."""
 LEADER_NS = 2
 """First key of the two-key advisory lock for leader election."""
+OP_NS = 3
+"""First key of the two-key advisory lock that marks a replica's operation in flight on a sandbox."""
+ALIVE_NS = 4
+"""First key of the shared advisory lock every live replica holds."""
 
 _TRY = text("SELECT pg_try_advisory_lock(:ns, hashtext(:key))")
 _UNLOCK = text("SELECT pg_advisory_unlock(:ns, hashtext(:key))")
@@ -36,6 +44,16 @@ _UNLOCK = text("SELECT pg_advisory_unlock(:ns, hashtext(:key))")
 def is_postgres(engine: Engine) -> bool:
     """True when ``engine`` talks to PostgreSQL (the only engine several processes may share)."""
     return engine.dialect.name == "postgresql"
+
+
+def _discard(conn: Connection) -> None:
+    """Throw away a connection whose session may be broken (never raises): PostgreSQL ends the session, and every
+    advisory lock it held goes with it."""
+    try:
+        conn.invalidate()
+        conn.close()
+    except Exception:
+        pass
 
 
 def _try_lock(conn: Connection, ns: int, key: str) -> bool:
@@ -76,8 +94,7 @@ class SandboxLocks:
                 conn.close()
             except Exception:  # a broken connection: drop it, PostgreSQL drops its locks with the session
                 log.warning("could not release the lock of %s; dropping its connection", sandbox_id, exc_info=True)
-                conn.invalidate()
-                conn.close()
+                _discard(conn)
 
 
 class LeaderLock:
@@ -116,11 +133,7 @@ class LeaderLock:
 
     def _drop(self) -> None:
         if self._conn is not None:
-            try:
-                self._conn.invalidate()
-                self._conn.close()
-            except Exception:
-                pass
+            _discard(self._conn)
             self._conn = None
 
     def release(self) -> None:
@@ -136,3 +149,158 @@ class LeaderLock:
                 self._conn = None
             except Exception:
                 self._drop()
+
+
+class OpLocks:
+    """Ownership of operations in flight, across replicas (see the module docstring). All locks of this process
+    live on one connection of their own, so they end with the process (SIGKILL included). No-ops on SQLite, where
+    the only process owns everything and nothing is ever an orphan.
+
+    Advisory locks stack within one session: every :meth:`claim` takes the lock once more and every
+    :meth:`release` gives one back, so an orphan settled by :meth:`orphaned` that starts an operation of its own
+    (finishing a deletion) stays owned until that operation ends. :meth:`orphaned` never reports this process's
+    own operations (they are counted in-process)."""
+
+    def __init__(self, engine: Engine, interval: float = 0.1):
+        self.engine = engine if is_postgres(engine) else None
+        self.interval = interval
+        self._conn: Connection | None = None
+        self._mutex = threading.Lock()
+        self._held: dict[str, int] = {}
+        self._alive = False
+
+    def _connection(self) -> Connection:
+        assert self.engine is not None
+        if self._conn is None:
+            self._conn = self.engine.connect()
+            self._alive = False
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            _discard(self._conn)
+            self._conn = None
+        if self._held:
+            log.error("the operation locks of %s were lost with their connection", sorted(self._held))
+        self._held.clear()
+
+    def others_alive(self) -> bool:
+        """True when another replica is alive on this database (it holds the shared liveness lock). Always
+        False on SQLite."""
+        if self.engine is None:
+            return False
+        with self._mutex:
+            try:
+                conn = self._connection()
+                n = conn.execute(text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = :ns AND objid = 0 "
+                    "AND objsubid = 2 AND granted AND pid <> pg_backend_pid()"), {"ns": ALIVE_NS}).scalar()
+                conn.commit()
+                return bool(n)
+            except Exception as e:
+                log.warning("could not see the other replicas: %s", e)
+                self._drop()
+                return False
+
+    def register(self) -> None:
+        """Mark this replica alive (until its connection ends)."""
+        if self.engine is None:
+            return
+        with self._mutex:
+            try:
+                conn = self._connection()
+                if not self._alive:
+                    conn.execute(text("SELECT pg_advisory_lock_shared(:ns, 0)"), {"ns": ALIVE_NS})
+                    conn.commit()
+                    self._alive = True
+            except Exception as e:
+                log.warning("could not mark this replica alive: %s", e)
+                self._drop()
+
+    def _take(self, sandbox_id: str) -> bool:
+        """One more hold of the lock (caller has the mutex); False when another session has it."""
+        if _try_lock(self._connection(), OP_NS, sandbox_id):
+            self._held[sandbox_id] = self._held.get(sandbox_id, 0) + 1
+            return True
+        return False
+
+    def claim(self, sandbox_id: str, timeout: float = 10.0) -> bool:
+        """Own the operation about to start on ``sandbox_id``; tries every ``interval`` seconds for at most
+        ``timeout`` seconds (another replica may be settling an orphan of it). True once owned (at once on
+        SQLite); False on timeout or a database error."""
+        if self.engine is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._mutex:
+                try:
+                    if self._take(sandbox_id):
+                        return True
+                except Exception as e:
+                    log.warning("could not claim the operation on %s: %s", sandbox_id, e)
+                    self._drop()
+                    return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.interval)
+
+    def release(self, sandbox_id: str) -> None:
+        """Give back one :meth:`claim` of ``sandbox_id`` (its operation's final state is written). Nothing
+        happens for a sandbox this process does not hold."""
+        if self.engine is None:
+            return
+        with self._mutex:
+            n = self._held.get(sandbox_id, 0)
+            if not n:
+                return
+            if n > 1:
+                self._held[sandbox_id] = n - 1
+            else:
+                del self._held[sandbox_id]
+            try:
+                assert self._conn is not None
+                self._conn.execute(_UNLOCK, {"ns": OP_NS, "key": sandbox_id})
+                self._conn.commit()
+            except Exception as e:
+                log.warning("could not release the operation lock of %s: %s", sandbox_id, e)
+                self._drop()
+
+    def owns(self, sandbox_id: str) -> bool:
+        """True when this process holds the operation on ``sandbox_id`` (always True on SQLite)."""
+        if self.engine is None:
+            return True
+        with self._mutex:
+            return sandbox_id in self._held
+
+    @contextmanager
+    def orphaned(self, sandbox_id: str) -> Iterator[bool]:
+        """Yields True, holding its lock for the block, when the operation on ``sandbox_id`` has no live owner (a
+        dead replica left it); False when this or another live replica owns it. Always False on SQLite."""
+        if self.engine is None:
+            yield False
+            return
+        got = False
+        with self._mutex:
+            if sandbox_id not in self._held:
+                try:
+                    got = self._take(sandbox_id)
+                except Exception as e:
+                    log.warning("could not check the operation on %s: %s", sandbox_id, e)
+                    self._drop()
+        try:
+            yield got
+        finally:
+            if got:
+                self.release(sandbox_id)
+
+    def close(self) -> None:
+        """Release everything (at shutdown)."""
+        with self._mutex:
+            conn, self._conn = self._conn, None
+            self._held.clear()
+            self._alive = False
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass

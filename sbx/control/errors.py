@@ -15,16 +15,21 @@ class ControlError(Exception):
     - ``status``: the HTTP status for it (400, 404, 409, 502, ...).
     - ``state``: the sandbox's current state when relevant (``busy``, ``not_running``), else None.
     - ``field``: the request field at fault (``cwd``, ``ttl``, ``path``...), else None.
+    - ``extra``: more members of the error object (``plan_limit``: ``limit``, ``plan``, ``upgrade``), else None.
+    - ``headers``: HTTP headers to answer with (``Retry-After`` on a 429), else None.
     """
 
     def __init__(self, code: str, message: str, status: int = 400, state: str | None = None,
-                 field: str | None = None):
+                 field: str | None = None, extra: dict[str, object] | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.state = state
         self.field = field
+        self.extra = extra
+        self.headers = headers
 
 
 def not_found(what: str) -> ControlError:

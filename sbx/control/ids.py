@@ -18,9 +18,14 @@ _ALPHABET = string.ascii_lowercase + string.digits
 ID_RE = re.compile(r"^sb_[a-z0-9]{10}$")
 
 
+def new_id(prefix: str) -> str:
+    """A fresh random id: ``prefix`` + 10 lowercase alphanumerics (accounts ``acct_``, API keys ``key_``)."""
+    return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+
+
 def new_sandbox_id() -> str:
     """A fresh random sandbox id, ``sb_`` + 10 lowercase alphanumerics (~51 bits)."""
-    return "sb_" + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+    return new_id("sb_")
 
 
 def new_subdomain(taken: Callable[[str], bool] = lambda _s: False) -> str:

@@ -4,6 +4,8 @@ makes concurrent requests wait for an operation in flight instead of failing.
 States (``STATES``)::
 
     forking --> provisioning --> running --> stopping --> stopped --> resuming --> running
+                                 |  ^  |                     |
+                       migrating +--+  |                     |
                                     |                        |
                                     +------> deleting <------+----> deleted
     error: any operation that fails; from error a sandbox may be stopped, resumed or deleted.
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sbx.control.dblocks import SandboxLocks
+from sbx.control.dblocks import OpLocks, SandboxLocks
 from sbx.control.errors import ControlError, busy, not_found
 from sbx.control.store import SandboxRow, Store
 
@@ -39,19 +41,21 @@ STATES = (
     "stopping",
     "stopped",
     "resuming",
+    "migrating",
     "forking",
     "deleting",
     "deleted",
     "error",
 )
 
-TRANSIENT = frozenset({"provisioning", "stopping", "resuming", "forking", "deleting"})
+TRANSIENT = frozenset({"provisioning", "stopping", "resuming", "migrating", "forking", "deleting"})
 STABLE = frozenset(STATES) - TRANSIENT
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "forking": frozenset({"provisioning", "error"}),
     "provisioning": frozenset({"running", "error"}),
-    "running": frozenset({"stopping", "deleting", "error", "stopped"}),
+    "running": frozenset({"stopping", "deleting", "error", "stopped", "migrating"}),
+    "migrating": frozenset({"running", "error"}),
     "stopping": frozenset({"stopped", "error"}),
     "stopped": frozenset({"resuming", "deleting", "error"}),
     "resuming": frozenset({"running", "stopped", "error"}),
@@ -62,8 +66,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 """``TRANSITIONS[a]`` is the set of states ``a`` may move to. ``resuming -> stopped`` is a resume that was refused
 by the node (e.g. no memory image with ``require_memory``): nothing ran, the sandbox is as before. The ``error``
 exits to running/stopped/deleted are used when the server reconciles with what the node reports at start.
-``running -> stopped`` is a power-off/halt/reboot inside or a crash the node noticed (after a reboot the sandbox
-goes on to ``resuming`` at once)."""
+``running -> migrating -> running`` is a live migration to another node (:mod:`sbx.control.migrating`): it ends
+``running`` on the destination, or on its source when the move failed; ``migrating -> error`` only when the node
+layer can't say which node runs it (``migration_unconfirmed``). ``running -> stopped`` is a power-off/halt/reboot
+inside or a crash the node noticed (after a reboot the sandbox goes on to ``resuming`` at once)."""
 
 DEFAULT_WAIT = 30.0
 
@@ -86,6 +92,7 @@ class Lifecycle:
         self.cond = threading.Condition()
         self._holds: dict[str, int] = {}
         self.locks = SandboxLocks(store.engine)
+        self.ops = OpLocks(store.engine)
 
     def notify(self) -> None:
         """Wake every waiter (after a transition, an event, or a hold release)."""
@@ -117,6 +124,9 @@ class Lifecycle:
     def transition(self, sandbox_id: str, dst: str, **fields: Any) -> SandboxRow:
         """Persist ``dst`` (and ``fields``) for the sandbox, checking :data:`TRANSITIONS`; emit and notify.
 
+        Entering a transient state claims the operation for this replica (:class:`sbx.control.dblocks.OpLocks`;
+        409 ``busy`` if another replica is settling it), leaving one releases it.
+
         Raises ``ControlError("invalid_transition", 409)`` for a move the table forbids (a bug or a race)."""
         with self.cond:
             row = self.store.get_sandbox(sandbox_id)
@@ -127,7 +137,17 @@ class Lifecycle:
                     "invalid_transition", f"sandbox {sandbox_id} cannot go from {row.state} to {dst}", 409, row.state
                 )
             old = row.state
-            row = self.store.update_sandbox(sandbox_id, state=dst, **fields)
+            entering, leaving = dst in TRANSIENT and old not in TRANSIENT, dst not in TRANSIENT and old in TRANSIENT
+            if entering and not self.ops.claim(sandbox_id):  # another replica is settling what a dead one left
+                raise busy(sandbox_id, old)
+            try:
+                row = self.store.update_sandbox(sandbox_id, state=dst, **fields)
+            except BaseException:
+                if entering:
+                    self.ops.release(sandbox_id)
+                raise
+            if leaving:
+                self.ops.release(sandbox_id)
             self.emit(row, old)
             self.cond.notify_all()
             return row

@@ -11,7 +11,7 @@ Every method opens its own short session, so the store may be used from any thre
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ class SandboxRow(Base):
     an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image; ``auto_resume``: a request
     on one of its hosted ports resumes it when stopped; ``labels`` string metadata for list filters;
     ``memory_saved``/``stop_reason``/``stop_error`` describe the last stop (whether memory was written, why it
-    stopped, what failed)."""
+    stopped, what failed); ``node`` the node that holds it (None: the server's only node, rows from before 0007)."""
 
     __tablename__ = "sandboxes"
 
@@ -82,12 +82,14 @@ class SandboxRow(Base):
     memory_saved: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     stop_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
     source_id: Mapped[str | None] = mapped_column(String(16), nullable=True)
     from_snapshot: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    account_id: Mapped[str] = mapped_column(String(24), index=True, default="acct_default")
 
 
 class SnapshotRow(Base):
@@ -100,6 +102,7 @@ class SnapshotRow(Base):
     auto: Mapped[bool] = mapped_column(Boolean, default=False)
     size_mib: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    account_id: Mapped[str] = mapped_column(String(24), default="acct_default")
 
 
 class EventRow(Base):
@@ -111,6 +114,22 @@ class EventRow(Base):
     sandbox_id: Mapped[str] = mapped_column(String(16), index=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class NodeRow(Base):
+    """A node agent in the registry: ``url`` (``local`` for the embedded node), ``cordoned`` (no new sandboxes),
+    ``last_seen`` (the last answered heartbeat), ``info`` (that heartbeat's capacity, load and fingerprint),
+    ``token`` (an added node's token, sealed: :mod:`sbx.control.noderouter`; None for the configured node)."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    url: Mapped[str] = mapped_column(String(300))
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    registered_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    info: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    token: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 def alembic_config(url: str) -> Config:
@@ -137,10 +156,18 @@ def migrate(engine: Engine) -> None:
         command.upgrade(cfg, "head")
 
 
+StateHook = Callable[[Session, SandboxRow, str, dt.datetime], None]
+"""``hook(session, row, old_state, now)``: called inside the transaction that writes a sandbox's new state (``old``
+is ``""`` for a new row), so what it writes (metering) commits or vanishes with the state change."""
+
+
 class Store:
     """Rows of the control plane. ``url`` is a SQLAlchemy URL: ``sqlite:///path`` (the parent folder of the file
     is created) or ``postgresql+psycopg://user@/db?host=/socket/dir`` (a bare ``postgresql://`` is read as psycopg
-    3 too). Opening runs the migrations."""
+    3 too). Opening runs the migrations.
+
+    ``clock`` (default :func:`utcnow`) stamps ``updated_at`` and state changes; tests replace it with a fake clock.
+    ``state_hooks`` are :data:`StateHook` callables run in the same transaction as every state change."""
 
     def __init__(self, url: str):
         if url.startswith("sqlite:///"):
@@ -159,6 +186,8 @@ class Store:
             self.engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
         migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.clock: Callable[[], dt.datetime] = utcnow
+        self.state_hooks: list[StateHook] = []
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -169,9 +198,12 @@ class Store:
 
     # sandboxes -------------------------------------------------------------------------------------------------
     def add_sandbox(self, row: SandboxRow) -> SandboxRow:
-        """Insert a new sandbox row and return it."""
+        """Insert a new sandbox row and return it (the state hooks see it with old state ``""``)."""
         with self.session() as s, s.begin():
             s.add(row)
+            s.flush()
+            for hook in self.state_hooks:
+                hook(s, row, "", self.clock())
         return row
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
@@ -179,23 +211,30 @@ class Store:
         with self.session() as s:
             return s.get(SandboxRow, sandbox_id)
 
-    def list_sandboxes(self, include_deleted: bool = False) -> list[SandboxRow]:
-        """All sandboxes, oldest first."""
+    def list_sandboxes(self, include_deleted: bool = False, account_id: str | None = None) -> list[SandboxRow]:
+        """All sandboxes (only ``account_id``'s when given), oldest first."""
         with self.session() as s:
             q = select(SandboxRow).order_by(SandboxRow.created_at)
             if not include_deleted:
                 q = q.where(SandboxRow.state != "deleted")
+            if account_id is not None:
+                q = q.where(SandboxRow.account_id == account_id)
             return list(s.scalars(q))
 
     def update_sandbox(self, sandbox_id: str, **fields: Any) -> SandboxRow:
-        """Set ``fields`` on the sandbox and bump ``updated_at``; returns the new row. Raises KeyError if absent."""
+        """Set ``fields`` on the sandbox and bump ``updated_at``; returns the new row. Raises KeyError if absent.
+        A change of ``state`` runs the state hooks in the same transaction."""
         with self.session() as s, s.begin():
             row = s.get(SandboxRow, sandbox_id)
             if row is None:
                 raise KeyError(sandbox_id)
+            old = row.state
             for key, value in fields.items():
                 setattr(row, key, value)
-            row.updated_at = utcnow()
+            row.updated_at = self.clock()
+            if row.state != old:
+                for hook in self.state_hooks:
+                    hook(s, row, old, row.updated_at)
         return row
 
     def subdomain_taken(self, subdomain: str) -> bool:
@@ -203,30 +242,39 @@ class Store:
             return s.scalar(select(SandboxRow.id).where(SandboxRow.subdomain == subdomain)) is not None
 
     # snapshots -------------------------------------------------------------------------------------------------
-    def add_snapshot(self, row: SnapshotRow) -> SnapshotRow:
+    def add_snapshot(self, row: SnapshotRow, also: Callable[[Session], None] | None = None) -> SnapshotRow:
+        """Insert a snapshot row; ``also(session)`` runs in the same transaction (its metering)."""
         with self.session() as s, s.begin():
             s.add(row)
+            if also is not None:
+                also(s)
         return row
 
     def get_snapshot(self, name: str) -> SnapshotRow | None:
         with self.session() as s:
             return s.get(SnapshotRow, name)
 
-    def list_snapshots(self, sandbox_id: str | None = None, auto: bool | None = None) -> list[SnapshotRow]:
-        """Snapshots, oldest first, optionally of one sandbox and/or only (non-)automatic ones."""
+    def list_snapshots(self, sandbox_id: str | None = None, auto: bool | None = None,
+                       account_id: str | None = None) -> list[SnapshotRow]:
+        """Snapshots, oldest first, optionally of one sandbox, one account and/or only (non-)automatic ones."""
         with self.session() as s:
             q = select(SnapshotRow).order_by(SnapshotRow.created_at, SnapshotRow.name)
+            if account_id is not None:
+                q = q.where(SnapshotRow.account_id == account_id)
             if sandbox_id is not None:
                 q = q.where(SnapshotRow.sandbox_id == sandbox_id)
             if auto is not None:
                 q = q.where(SnapshotRow.auto == auto)
             return list(s.scalars(q))
 
-    def delete_snapshot(self, name: str) -> None:
+    def delete_snapshot(self, name: str, also: Callable[[Session], None] | None = None) -> None:
+        """Remove a snapshot row; ``also(session)`` runs in the same transaction (its metering)."""
         with self.session() as s, s.begin():
             row = s.get(SnapshotRow, name)
             if row is not None:
                 s.delete(row)
+                if also is not None:
+                    also(s)
 
     # events ----------------------------------------------------------------------------------------------------
     def add_event(self, sandbox_id: str, payload: dict[str, Any]) -> int:
@@ -253,6 +301,53 @@ class Store:
         with self.session() as s, s.begin():
             result = s.execute(delete(EventRow).where(EventRow.created_at < older_than))
             return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+    # nodes -----------------------------------------------------------------------------------------------------
+    def heartbeat_node(self, name: str, url: str, info: dict[str, Any]) -> NodeRow:
+        """Record an answered heartbeat of node ``name`` (registering it on the first one): ``url`` and ``info``
+        replace the stored ones, ``last_seen`` becomes now; ``cordoned`` is kept. Returns the row."""
+        with self.session() as s, s.begin():
+            row = s.get(NodeRow, name)
+            now = utcnow()
+            if row is None:
+                row = NodeRow(name=name, url=url, cordoned=False, registered_at=now)
+                s.add(row)
+            row.url, row.info, row.last_seen = url, info, now
+        return row
+
+    def add_node(self, name: str, url: str, token: str, info: dict[str, Any]) -> NodeRow:
+        """Register (or re-register) the added node ``name`` at ``url`` with its sealed ``token`` and a first
+        heartbeat ``info``; ``cordoned`` is kept for a known node. Returns the row."""
+        with self.session() as s, s.begin():
+            row = s.get(NodeRow, name)
+            now = utcnow()
+            if row is None:
+                row = NodeRow(name=name, url=url, cordoned=False, registered_at=now)
+                s.add(row)
+            row.url, row.token, row.info, row.last_seen = url, token, info, now
+        return row
+
+    def remove_node(self, name: str) -> None:
+        """Forget node ``name``. Raises KeyError for an unknown node."""
+        with self.session() as s, s.begin():
+            row = s.get(NodeRow, name)
+            if row is None:
+                raise KeyError(name)
+            s.delete(row)
+
+    def list_nodes(self) -> list[NodeRow]:
+        """Every registered node, by name."""
+        with self.session() as s:
+            return list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
+
+    def set_node_cordoned(self, name: str, cordoned: bool) -> NodeRow:
+        """Cordon or uncordon node ``name``; returns the row. Raises KeyError for an unknown node."""
+        with self.session() as s, s.begin():
+            row = s.get(NodeRow, name)
+            if row is None:
+                raise KeyError(name)
+            row.cordoned = cordoned
+        return row
 
     def bulk_states(self, rows: Iterable[SandboxRow]) -> dict[str, str]:
         return {r.id: r.state for r in rows}

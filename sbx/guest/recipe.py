@@ -121,6 +121,8 @@ GUEST_FILES = (
     ),
     GuestFile("etc/systemd/journald.conf.d/10-sbx.conf", "/etc/systemd/journald.conf.d/10-sbx.conf", 0o644),
     GuestFile("usr/lib/sbx/sbx-identity", "/usr/lib/sbx/sbx-identity", 0o755),
+    GuestFile("etc/systemd/system/sbx-agent.service", "/etc/systemd/system/sbx-agent.service", 0o644),
+    GuestFile("usr/lib/sbx/sbx-agent", "/usr/lib/sbx/sbx-agent", 0o755),
     GuestFile("etc/sudoers.d/user", "/etc/sudoers.d/user", 0o440),
     GuestFile("etc/sbx/README", "/etc/sbx/README", 0o644),
     GuestFile("etc/hosts", "/etc/hosts", 0o644),
@@ -171,7 +173,7 @@ MASKED_UNITS = (
 )
 
 #: Units enabled in the image.
-ENABLED_UNITS = ("ssh.service", "sbx-identity.service")
+ENABLED_UNITS = ("ssh.service", "sbx-identity.service", "sbx-agent.service")
 
 #: The boot target (a sandbox has no graphical session).
 DEFAULT_TARGET = "multi-user.target"

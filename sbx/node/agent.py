@@ -29,30 +29,42 @@ The agent is split by mechanism; :class:`LocalNode` combines the parts:
 - :mod:`sbx.node.stopresume`: stop (checkpoint or halt), resume, memory restore;
 - :mod:`sbx.node.execjobs`: attached execs, detached jobs, spawned processes;
 - :mod:`sbx.node.snapshots`: fork and named snapshots;
+- :mod:`sbx.node.memcopy`: a new sandbox from another's memory (fork with memory, templates), new identity;
+- :mod:`sbx.node.templates`: memory templates of the base image, per size;
 - :mod:`sbx.node.stats`: status and resource samples;
 - :mod:`sbx.node.watching`: the watcher of sandboxes that ended on their own;
-- :mod:`sbx.node.reconcile`: reconcile after a crash, server shutdown, leftovers.
+- :mod:`sbx.node.reconcile`: reconcile after a crash, server shutdown, leftovers;
+- :mod:`sbx.node.migration` and :mod:`sbx.node.migration_in`: live migration to and from another node.
+- :mod:`sbx.node.transfer`: a stopped sandbox's export to another node and its import there.
 """
 
 from __future__ import annotations
 
 from sbx.node.execjobs import ExecMixin
 from sbx.node.lifecycle import LifecycleMixin
+from sbx.node.memcopy import MemoryCopyMixin
+from sbx.node.migration import MigrationMixin
 from sbx.node.reconcile import ReconcileMixin
 from sbx.node.snapshots import SnapshotMixin
 from sbx.node.stats import StatsMixin
 from sbx.node.stopresume import StopResumeMixin
+from sbx.node.templates import TemplateMixin
+from sbx.node.transfer import TransferMixin
 from sbx.node.watching import WatchMixin
 
 
 class LocalNode(
     LifecycleMixin,
+    TemplateMixin,
+    MemoryCopyMixin,
     StopResumeMixin,
     ExecMixin,
     SnapshotMixin,
     StatsMixin,
     WatchMixin,
     ReconcileMixin,
+    MigrationMixin,
+    TransferMixin,
 ):
     """Sandboxes on this host (runc + CRIU + reflink disks). Thread-safe: each sandbox has its own lock, and
     operations on different sandboxes run in parallel."""

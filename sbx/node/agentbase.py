@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgdelegate, cgroup, egress, lxcfs, network, recovery, rootfs, watch
+from sbx.node import cgdelegate, cgroup, egress, guestfs, hookd, lxcfs, network, recovery, rootfs, watch
+from sbx.node.egressproxy import CA_BUNDLE_GUEST_PATH, CA_ENV, CA_GUEST_PATH, EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
 from sbx.runtime.runc import RuncRuntime, remove_tree
@@ -53,12 +54,24 @@ class NodeBase:
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
+        self._hookd: hookd.HookServer | None = None
         self._watcher: watch.Watcher | None = None
         self._on_exit: Callable[[str, str, str | None], None] | None = None
         self._kernel_ooms = watch.KernelOoms()
         self._shutdown_at: float | None = None  # monotonic time attached execs are ended at (server shutdown)
+        self._fingerprint: dict[str, str] | None = None  # this host's CRIU fingerprint, measured on first use
         self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
         self._cpu_samples: dict[str, tuple[float, int]] = {}
+        self._cpu_percent: dict[str, float] = {}
+        # the exec channel (sbx.node.execjobs): open agent connections, sandboxes being stopped, misbehaving agents
+        self._channel_socks: dict[str, set[Any]] = {}
+        self._channel_quiet: set[str] = set()
+        self._channel_suspect: dict[str, float] = {}
+        self._env_cache: dict[str, tuple[int, list[str]]] = {}
+        self._template_builds: set[str] = set()  # keys of memory templates being built (sbx.node.templates)
+        self._template_guard = threading.Lock()
+        self._egress: EgressProxy | None = None  # the credential proxy, once prepare started it
+        self._egress_ids: set[str] = set()  # sandboxes whose traffic goes through it
 
     # ----------------------------------------------------------------- setup
 
@@ -79,9 +92,80 @@ class NodeBase:
         self.snapshots_dir.chmod(0o700)  # snapshots are sandbox disks: no sandbox's host uid may read them
         lxcfs.ensure_lxcfs()
         cgdelegate.set_node_limits(self.settings.node_name, self.settings.memory_reserve_mib)
+        if self._hookd is None:
+            self._hookd = hookd.HookServer(self.run_dir / "hookd" / "hook.sock")
         say("network")
-        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name,
-                              egress.egress_policy(self.settings.egress_allow))
+        policy = egress.egress_policy(self.settings.egress_allow)
+        network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name, policy,
+                              proxy_port=self.settings.egress_proxy_port)
+        if self.settings.egress_proxy_port and self._egress is None:
+            say("egress proxy")
+            proxy = EgressProxy(self.settings, policy, self.settings.egress_upstream_ca)
+            try:
+                proxy.start()
+            except OSError as e:
+                log.warning("egress proxy off: %s", e)
+            else:
+                self._egress = proxy
+
+    # ----------------------------------------------------------------- egress proxy (sbx.node.egressproxy)
+
+    def egress_ready(self) -> bool:
+        """True when the egress proxy runs on this node."""
+        return self._egress is not None
+
+    def serve_egress(self, handler: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+        """Answer the egress proxy's questions with ``handler(sandbox_id, question)`` (the control plane's
+        secrets); without a running proxy, nothing happens."""
+        if self._egress is not None:
+            self._egress.serve(handler)
+
+    def set_egress_proxy(self, id: str, enabled: bool) -> None:
+        """Send the sandbox's outbound TCP 80/443 through the egress proxy (``enabled``) or straight out, from its
+        next connection on; remembered across its stops and boots. Raises ``NodeError("egress_proxy_unavailable")``
+        when asked to enable it on a node whose proxy is off."""
+        if enabled and self._egress is None:
+            raise NodeError("egress_proxy_unavailable", "this node runs no egress proxy (SBX_EGRESS_PROXY_PORT=0, "
+                            "or its virtualenv is missing: run scripts/install.sh)")
+        if enabled:
+            self._egress_ids.add(id)
+        else:
+            self._egress_ids.discard(id)
+        if self._egress is None:
+            return
+        try:
+            address = self._lease(id).address.split("/")[0]
+        except (NodeError, OSError, KeyError, ValueError):
+            return  # no record or lease yet: _write_bundle applies it at boot
+        self._egress.set(id, address, enabled)
+
+    def _apply_egress(self, sid: str, rec: dict[str, Any]) -> None:
+        if self._egress is not None and sid in self._egress_ids:
+            self._egress.set(sid, rec["lease"]["address"].split("/")[0], True)
+
+    def close_egress(self) -> None:
+        """Stop the egress proxy (server shutdown)."""
+        if self._egress is not None:
+            self._egress.close()
+
+    def _exec_env(self, rec: dict[str, Any], env: dict[str, str] | None) -> dict[str, str]:
+        """Environment of an exec, job or shell beyond the login defaults: the CA variables when the proxy runs
+        (:data:`sbx.node.egressproxy.CA_ENV`), the sandbox's env, then the call's ``env``."""
+        return {**(CA_ENV if self._egress is not None else {}), **rec["spec"].get("env", {}), **(env or {})}
+
+    def _install_ca(self, root: Path) -> None:
+        """Write the egress proxy's CA certificate into a mounted sandbox disk and append it to the system bundle
+        (once). Only the certificate: its key stays in ``<state_dir>/egress``."""
+        if self._egress is None or not self._egress.ca_pem:
+            return
+        pem = self._egress.ca_pem
+        guestfs.write_file(root, CA_GUEST_PATH, pem)
+        try:
+            bundle = guestfs.read_file(root, CA_BUNDLE_GUEST_PATH, limit=8 << 20)
+        except (OSError, guestfs.UnsafePath):
+            bundle = b""
+        if pem not in bundle:
+            guestfs.write_file(root, CA_BUNDLE_GUEST_PATH, bundle.rstrip(b"\n") + b"\n" + pem)
 
     @property
     def image(self) -> Path:
@@ -237,8 +321,22 @@ class NodeBase:
         except StorageError as e:
             log.warning("sealing the disk of %s failed: %s", sid, e)
 
+    def _mark_started(self, sid: str) -> None:
+        """Take a CPU mark of the sandbox's cgroup as it starts (boot, restore): its first stats sample (the ready
+        event, the API's answer) measures CPU since then instead of sleeping a 0.1 s window."""
+        self._cpu_samples[sid] = cgroup.cpu_mark(self._cgroup_path(sid))
+        self._cpu_percent.pop(sid, None)
+
+    def _is_running(self, sid: str) -> bool:
+        """True when the container runs: its init recorded in runc's state file is alive (same pid and start time,
+        no runc started for it: ~0.1 ms against ~5 ms), else as ``runc state`` says."""
+        if watch.init_alive(self.runtime.state_root / sid / "state.json"):
+            return True
+        return self.runtime.state(sid) == "running"
+
     def _require_running(self, sid: str) -> None:
-        if self.runtime.state(sid) != "running":
+        """Raise ``not_found`` / ``not_running`` unless the container runs (:meth:`_is_running`)."""
+        if not self._is_running(sid):
             self._record(sid)  # raises not_found for an unknown id
             raise NodeError("not_running", f"sandbox {sid} is not running")
 
@@ -248,7 +346,25 @@ class NodeBase:
 
         def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None: ...
 
+        def _write_identity(self, sid: str, hostname: str, fresh: bool) -> None: ...
+
+        def _clone_live(self, sid: str, dst: Path) -> None: ...
+
+        def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool) -> None: ...
+
+        def _create_from_template(self, spec: SandboxSpec) -> bool: ...
+
+        def _want_template(self, size: Size) -> None: ...
+
+        def _reconcile_templates(self) -> None: ...
+
+        def fork_memory(self, source_id: str, spec: SandboxSpec) -> None: ...
+
         def _write_shutdown_hook(self, sid: str) -> None: ...
+
+        def _quiesce_channel(self, sid: str, wait: float = 3.0) -> None: ...
+
+        def _channel_resume(self, sid: str) -> None: ...
 
         def _snapshot_path(self, name: str) -> Path: ...
 
@@ -257,3 +373,5 @@ class NodeBase:
         def stop(self, id: str, keep_memory: bool = True) -> StopResult: ...
 
         def delete(self, id: str) -> None: ...
+
+        def _reconcile_migration(self, sid: str, rec: dict[str, Any]) -> str | None: ...

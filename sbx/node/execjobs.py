@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sbx.node.agentbase import NodeBase, now
+from sbx.node.agentbase import now
+from sbx.node.execchannel import ChannelMixin
 from sbx.node.types import ExecEvent, JobInfo, NodeError
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.runc import kill_process_group
@@ -44,8 +45,9 @@ def _login_env(user: str, extra: dict[str, str] | None) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
 
-class ExecMixin(NodeBase):
-    """Exec, jobs and spawn (part of :class:`sbx.node.agent.LocalNode`)."""
+class ExecMixin(ChannelMixin):
+    """Exec, jobs and spawn (part of :class:`sbx.node.agent.LocalNode`); attached execs use the exec channel of
+    :class:`sbx.node.execchannel.ChannelMixin` when the sandbox's agent answers."""
 
     def exec(
         self,
@@ -58,20 +60,24 @@ class ExecMixin(NodeBase):
         cwd: str | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> Iterator[ExecEvent]:
+        """Run ``command`` with ``bash -lc`` as ``user`` (``user`` or ``root``) in ``cwd`` (default: the user's
+        home) with the sandbox's env plus ``env``; yields :class:`ExecEvent` output pieces, then one ``exit``
+        (124 and ``timed_out`` after ``timeout`` seconds, the command's process group killed). ``stop``: polled
+        while it runs; True ends the stream and kills the command. Through the sandbox's exec agent when it
+        answers (:mod:`sbx.node.channel`), else ``runc exec``; the two give the same events. Raises
+        ``NodeError`` ``not_running``/``not_found`` before anything runs."""
         self._require_running(id)
         rec = self._record(id)
         uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
         home = "/root" if user == "root" else "/home/user"
+        argv = ["/bin/bash", "-lc", command]
+        envs = _login_env(user, self._exec_env(rec, env))
+        if self.settings.exec_channel:
+            started = self._channel_start(id, argv, uid, gid, cwd or home, envs)
+            if started is not None:
+                return self._channel_stream(id, *started, timeout, stop)
         pid_file = self._bundle(id) / f"exec-{secrets.token_hex(4)}.pid"
-        proc = self.runtime.exec(
-            id,
-            ["/bin/bash", "-lc", command],
-            uid=uid,
-            gid=gid,
-            cwd=cwd or home,
-            env=_login_env(user, {**rec["spec"].get("env", {}), **(env or {})}),
-            pid_file=pid_file,
-        )
+        proc = self.runtime.exec(id, argv, uid=uid, gid=gid, cwd=cwd or home, env=envs, pid_file=pid_file)
         return self._stream(proc, pid_file, timeout, stop)
 
     def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None,
@@ -134,19 +140,23 @@ class ExecMixin(NodeBase):
         dump it (measured); a unit of the sandbox's own systemd is a child of PID 1 and survives stop/resume with
         memory. Output goes to ``/var/lib/sbx-jobs/<job>/{stdout,stderr}``, the exit code to ``exit``. ``env`` is
         added to the sandbox's, ``cwd`` (absolute) replaces the home directory, ``timeout`` seconds runs it under
-        coreutils ``timeout`` (exit 124 when it fires), ``stdin`` is saved beside it and fed to it."""
+        coreutils ``timeout`` (exit 124 when it fires), ``stdin`` is saved beside it and fed to it.
+
+        The unit has ``OOMPolicy=continue``: systemd's default (``stop``, systemd.service(5)) stops the whole unit
+        when the kernel OOM-kills one of its processes, which could kill the wrapper before it wrote the exit
+        code (a job killed that way then looked like a success)."""
         self._require_running(id)
         job = "job_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
         rec = self._record(id)
         uid = "0" if user == "root" else str(USER_UID)
         home = cwd or ("/root" if user == "root" else "/home/user")
-        env_args = [f"--setenv={e}" for e in _login_env(user, {**rec["spec"].get("env", {}), **(env or {})})]
+        env_args = [f"--setenv={e}" for e in _login_env(user, self._exec_env(rec, env))]
         limit = f"timeout -k 5 {min(float(timeout), 1e7):.3f} " if timeout else ""
         script = (
             'set -e; d="$1"; shift; mkdir -p "$d"; chmod 0755 "$(dirname "$d")"; printf "%s" "$CMD" > "$d/cmd"; '
             'printf "%s" "$STDIN" > "$d/stdin"; '
             'date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started"; chown -R "$UIDN:$UIDN" "$d"; '
-            'systemd-run --quiet --collect --unit="sbx-$JOB" --uid="$UIDN" --gid="$UIDN" '
+            'systemd-run --quiet --collect --unit="sbx-$JOB" --uid="$UIDN" --gid="$UIDN" --property=OOMPolicy=continue '
             '--working-directory="$HOMED" "$@" /bin/bash -c '
             f'\'{limit}bash -lc "$(cat "$0/cmd")" <"$0/stdin" >"$0/stdout" 2>"$0/stderr"; echo $? > "$0/exit"\' "$d"'
         )
@@ -175,6 +185,7 @@ class ExecMixin(NodeBase):
             f'for d in {JOBS_DIR}/job_*; do [ -d "$d" ] || continue; j=$(basename "$d"); '
             'e=$(cat "$d/exit" 2>/dev/null || true); s=$(cat "$d/started" 2>/dev/null || true); '
             'a=$(systemctl is-active "sbx-$j" 2>/dev/null || true); '
+            '[ -n "$e" ] || e=$(cat "$d/exit" 2>/dev/null || true); '  # it may have ended between the two reads
             'jq -cn --arg id "$j" --rawfile cmd "$d/cmd" --arg exit "$e" --arg started "$s" --arg active "$a" '
             "'{id:$id,cmd:$cmd,exit:$exit,started:$started,active:$active}'; done"
         )
@@ -183,11 +194,14 @@ class ExecMixin(NodeBase):
         for line in out.splitlines():
             d = json.loads(line)
             code = int(d["exit"]) if d["exit"].strip().lstrip("-").isdigit() else None
+            active = d["active"] in ("active", "activating", "deactivating")
+            if code is None and not active:
+                code = 137  # its unit ended before the wrapper could record a code: it was killed (SIGKILL)
             jobs.append(
                 JobInfo(
                     id=d["id"],
                     command=d["cmd"],
-                    running=code is None and d["active"] in ("active", "activating"),
+                    running=code is None,
                     exit_code=code,
                     started_at=d["started"],
                 )
@@ -218,7 +232,7 @@ class ExecMixin(NodeBase):
         rec = self._record(id)
         uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
         home = "/root" if user == "root" else "/home/user"
-        envs = _login_env(user, {**rec["spec"].get("env", {}), **(env or {})})
+        envs = _login_env(user, self._exec_env(rec, env))
         if tty:
             import pty
 

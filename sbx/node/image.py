@@ -31,6 +31,7 @@ from sbx.config import Settings
 from sbx.guest import recipe
 from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
+from sbx.storage import mounts
 from sbx.storage.locks import file_lock
 
 Progress = Callable[[str], None]
@@ -282,6 +283,7 @@ def build_image(target: Path, progress: Progress | None = None) -> None:
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(f".build-{target.stem}-*"):
+        _detach_mounts(stale)  # a build killed before its mounts were private may have left some: never rmtree them
         shutil.rmtree(stale, ignore_errors=True)
     work = folder / f".build-{target.stem}-{os.getpid()}"
     work.mkdir(mode=0o700)
@@ -317,12 +319,25 @@ def build_image(target: Path, progress: Progress | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _detach_mounts(under: Path) -> None:
+    """Lazily unmount every mount at or below ``under`` (deepest first), so removing the folder never reaches into
+    a mounted filesystem."""
+    prefix = str(under).rstrip("/") + "/"
+    points = [m.mountpoint for m in mounts.mounts() if str(m.mountpoint).startswith(prefix)]
+    for point in sorted(points, key=lambda p: len(str(p)), reverse=True):
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+
+
 def _run(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
     return run_checked(argv, what, ImageError)
 
 
 def _bootstrap(rootfs: Path, lines: list[str], say: Progress) -> None:
+    # In a mount namespace of its own: mmdebstrap's root mode mounts proc, sys, dev and a tmpfs for /dev/shm,
+    # and on this host one of those landed on the host's own /dev/shm (a killed build left it there, hiding the
+    # shared memory of every process that had it open, e.g. PostgreSQL's). Its mounts now end with the build.
     argv = [
+        "unshare", "--mount", "--propagation", "private", "--",
         "mmdebstrap",
         "--mode=root",
         "--format=directory",

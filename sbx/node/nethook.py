@@ -7,7 +7,8 @@ sandbox's shifted root; skipped for ``UID_BASE`` 0, the identity map) and wires 
 runc runs it with the container state JSON on stdin (OCI runtime spec, "hooks": the state includes ``pid``, the
 container init's host PID), after it made the namespaces and before systemd starts; on CRIU restore runc runs it
 again for the fresh network namespace. ``LEASE_FILE`` holds the sandbox's :class:`sbx.node.network.Lease` as JSON.
-Exits non-zero (failing the start) if wiring fails.
+Exits non-zero (failing the start) if wiring fails. The node normally runs the same work in its own process
+(:mod:`sbx.node.hookd`, reached by :mod:`sbx.node.hookclient`); this entry point is the fallback.
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ from sbx.node.cgdelegate import delegate
 from sbx.node.network import lease_from_json, wire_sandbox
 
 
+def apply(args: list[str], pid: int) -> None:
+    """The hook's work for arguments ``LEASE_FILE BRIDGE NODE [CGROUP_PATH UID_BASE]`` and the container init's
+    host ``pid``: delegate the cgroups, then wire the network. Raises what those raise."""
+    lease_file, bridge, node = args[0], args[1], args[2]
+    if len(args) >= 5 and int(args[4]):
+        delegate(args[3], int(args[4]), int(args[4]))
+    wire_sandbox(pid, lease_from_json(Path(lease_file).read_text()), bridge, node)
+
+
 def main(argv: list[str]) -> int:
-    lease_file, bridge, node = argv[1], argv[2], argv[3]
     state = json.load(sys.stdin)
-    if len(argv) >= 6 and int(argv[5]):
-        delegate(argv[4], int(argv[5]), int(argv[5]))
-    wire_sandbox(int(state["pid"]), lease_from_json(Path(lease_file).read_text()), bridge, node)
+    apply(argv[1:], int(state["pid"]))
     return 0
 
 

@@ -34,6 +34,9 @@ class ReconcileMixin(NodeBase):
         - a stop the crash interrupted is finished: if CRIU had not started yet (no ``dump.log``) the container
           is intact and is checkpointed again; if it had, the container is not trusted (a CRIU killed while its
           parasite code runs in the tasks leaves them damaged: measured, they die moments later) and is killed;
+        - an arrival from another node that was never confirmed (phase ``incoming``) is removed; a sandbox this
+          node was moving away is thawed and runs on here, or, when the handover had begun, settled by asking
+          the destination (:mod:`sbx.node.migration`);
         - a known sandbox whose container still runs (and no stop was interrupted) stays running: it survived the
           server restart;
         - otherwise any half-made container is removed, the disk unmounted, and the sandbox is ``checkpointed``
@@ -51,8 +54,9 @@ class ReconcileMixin(NodeBase):
                 self.runtime.delete(cid)
         if self.sandboxes_dir.is_dir():
             for d in self.sandboxes_dir.iterdir():
-                if d.name not in known:
+                if d.name not in known:  # also a memory template's build interrupted by a crash
                     self.delete(d.name)
+        self._reconcile_templates()
         for veth in network.host_veths("v"):
             sid = "sb_" + veth[1:]
             if sid not in known and self._owns_veth(veth):
@@ -63,12 +67,25 @@ class ReconcileMixin(NodeBase):
                     result[sid] = "absent"
                     continue
                 rec = self._record(sid)
+                if rec.get("phase") == "incoming":  # an arrival never confirmed: its source keeps the sandbox
+                    log.warning("%s: removing an arrival from another node that was not confirmed", sid)
+                    self.delete(sid)
+                    result[sid] = "absent"
+                    continue
+                if rec.get("phase") in ("migrating", "handover"):
+                    settled = self._reconcile_migration(sid, rec)
+                    result[sid] = "running" if settled is None else settled  # type: ignore[assignment]
+                    continue
                 if self._half_made(sid, rec):
                     log.warning("%s was interrupted before its disk was complete: removing it", sid)
                     self.delete(sid)
                     result[sid] = "absent"
                     continue
-                running = self.runtime.state(sid) == "running"
+                state = self.runtime.state(sid)
+                if state == "paused":  # frozen by a stop before its dump or a fork with memory, then the node died
+                    cgroup.thaw(self._cgroup_path(sid))
+                    state = self.runtime.state(sid)
+                running = state == "running"
                 if rec["phase"] == "stopping":
                     untouched = not (self._dir(sid) / "criu-work" / "dump.log").exists()
                     if running and untouched:
@@ -91,6 +108,17 @@ class ReconcileMixin(NodeBase):
         live = [self._lease(sid) for sid, st in result.items() if st == "running"]
         network.sync_pins(self.settings.bridge, self.settings.node_name, live)
         return result
+
+    def recorded(self) -> dict[str, str]:
+        """``{id: phase}`` of every sandbox folder on this node (``"unknown"`` without a readable record): what a
+        node agent restarted on its own passes to :meth:`reconcile`, so it removes only what no record names."""
+        out: dict[str, str] = {}
+        for d in sorted(self.sandboxes_dir.iterdir()) if self.sandboxes_dir.is_dir() else []:
+            try:
+                out[d.name] = str(json.loads((d / "node.json").read_text()).get("phase", "unknown"))
+            except (OSError, ValueError):
+                out[d.name] = "unknown"
+        return out
 
     def _thaw_all(self) -> None:
         """Thaw every mounted sandbox root and any recorded ``freezing`` mount point ("not frozen" is ignored),
@@ -123,12 +151,17 @@ class ReconcileMixin(NodeBase):
         return rec.get("phase") == "creating" or not self._disk(sid).is_file()
 
     def _owns_veth(self, veth: str) -> bool:
-        """True if ``veth`` is a port of this node's bridge (so another node's sandboxes are left alone)."""
-        p = Path(f"/sys/class/net/{veth}/master")
-        try:
-            return p.resolve().name == self.settings.bridge
-        except OSError:
-            return False
+        """True if ``veth`` is a port of this node's bridge (so another node's sandboxes are left alone). Asked over
+        netlink, not ``/sys/class/net``: a node agent in a network namespace of its own (``nsenter --net``) still
+        sees the host's sysfs."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            bridge = ipr.link_lookup(ifname=self.settings.bridge)
+            port = ipr.link_lookup(ifname=veth)
+            if not bridge or not port:
+                return False
+            return bool(ipr.get_links(port[0])[0].get_attr("IFLA_MASTER") == bridge[0])
 
     def begin_shutdown(self, grace: float) -> None:
         """The server is going away: attached execs still running after ``grace`` seconds are killed and their

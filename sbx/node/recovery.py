@@ -25,6 +25,11 @@ from sbx.storage.disk import test_hold as test_hold  # the restore hold is the f
 
 GENERATION_FILE = "generation"
 
+TEST_HOLD_STOP_ENV = "SBX_TEST_HOLD_STOP"
+"""Test-only: seconds a stop waits after recording phase ``stopping`` and before it checkpoints or halts, with a
+marker file ``<sandbox dir>/stop-hold`` present meanwhile, so tests can kill a server replica while its stop is
+in flight on a node agent every time. Unset (the default) in production."""
+
 TEST_HOLD_RESTORE_ENV = "SBX_TEST_HOLD_RESTORE"
 """Test-only: seconds a resume waits after CRIU restored the container (it runs on the restored memory) and before
 the memory image is discarded, with a marker file ``<sandbox dir>/restore-hold`` present meanwhile, so fault tests

@@ -24,7 +24,12 @@ _SNAPSHOT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 class SnapshotMixin(NodeBase):
     """Fork and snapshots (part of :class:`sbx.node.agent.LocalNode`)."""
 
-    def fork(self, source_id: str, spec: SandboxSpec) -> None:
+    def fork(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
+        """See :meth:`sbx.node.types.NodeAgent.fork`; ``memory`` forks with memory
+        (:meth:`sbx.node.memcopy.MemoryCopyMixin.fork_memory`)."""
+        if memory:
+            self.fork_memory(source_id, spec)
+            return
         self._record(source_id)  # raises not_found for an unknown source
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id)

@@ -7,25 +7,58 @@ kills (cgroup counters, :mod:`sbx.node.cgroup`) and the disk image's allocated a
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from sbx.node import cgroup
 from sbx.node.agentbase import NodeBase
-from sbx.node.types import NodeStatus, Stats
+from sbx.node.types import NodeInfo, NodeStatus, Stats
+from sbx.runtime import criu
 from sbx.storage import space
 from sbx.storage.errors import StorageError
+from sbx.storage.volume import free_space
 
 
 class StatsMixin(NodeBase):
     """Status and stats (part of :class:`sbx.node.agent.LocalNode`)."""
 
-    def status(self, id: str) -> NodeStatus:
-        if not (self._dir(id) / "node.json").is_file():
+    def status(self, id: str, settled: bool = False) -> NodeStatus:
+        """See :meth:`sbx.node.types.NodeAgent.status` (``settled`` waits for the sandbox's lock, so for an
+        operation in flight to end). ``absent`` also for a sandbox still arriving from another node (not confirmed:
+        it is its source's); ``running`` also while the container is paused (frozen for a fork's or a migration's
+        dump: its processes are all there)."""
+        if settled:
+            with self._lock(id):
+                return self._status(id)
+        return self._status(id)
+
+    def _status(self, id: str) -> NodeStatus:
+        try:
+            phase = json.loads((self._dir(id) / "node.json").read_text()).get("phase")
+        except (OSError, ValueError):
             return "absent"
-        if self.runtime.state(id) == "running":
+        if phase == "incoming":
+            return "absent"
+        if self.runtime.state(id) in ("running", "paused"):
             return "running"
         return "checkpointed" if self._memory_usable(id) else "stopped"
+
+    def info(self) -> NodeInfo:
+        """This host's heartbeat: RAM from ``/proc/meminfo``, room from :func:`sbx.storage.volume.free_space`, online
+        CPUs, the 1-minute load, running containers and the CRIU fingerprint (measured once per process: the CPU,
+        kernel and CRIU of a running host do not change)."""
+        if self._fingerprint is None:
+            self._fingerprint = criu.host_fingerprint(str(self.runtime.criu))
+        memory = 0
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = int(line.split()[1]) // 1024
+        room = free_space(self.settings)
+        running = sum(1 for status in self.runtime.statuses().values() if status == "running")
+        return NodeInfo(name=self.settings.node_name, memory_mib=memory, disk_free_bytes=room.free_bytes,
+                        disk_path=room.path, vcpus=os.cpu_count() or 1, load1=round(os.getloadavg()[0], 2),
+                        running=running, fingerprint=dict(self._fingerprint))
 
     def _disk_space(self, sid: str) -> tuple[int, int]:
         """``(allocated, unique)`` bytes of the sandbox's disk image on the volume: what the image maps (shared
@@ -55,10 +88,11 @@ class StatsMixin(NodeBase):
             disk = self._disk(id)
             alloc, unique = (_allocated(disk), 0)
         ooms = rec.get("oomKills", 0) + rec.get("oomKillsNested", 0) + self._nested_ooms.get(id, 0)
-        if self.runtime.state(id) != "running":
-            return Stats(0, 0, 0.0, 0, ooms, alloc, unique)
-        s = cgroup.sample(self._cgroup_path(id), previous=self._cpu_samples.get(id))
-        self._cpu_samples[id] = s.cpu_mark
+        if not self._is_running(id):
+            return Stats(0, 0, 0.0, 0, ooms, alloc, unique, _tree_bytes(self._memory(id)) if space else 0)
+        s = cgroup.sample(self._cgroup_path(id), previous=self._cpu_samples.get(id),
+                          last_percent=self._cpu_percent.get(id))
+        self._cpu_samples[id], self._cpu_percent[id] = s.cpu_mark, s.cpu_percent
         st = os.statvfs(self._rootfs(id))
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         return Stats(
@@ -70,6 +104,18 @@ class StatsMixin(NodeBase):
             disk_allocated_bytes=alloc,
             disk_unique_bytes=unique,
         )
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes the files under ``folder`` occupy (``st_blocks`` x 512; 0 when it is missing): a memory image."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 def _allocated(disk: Path) -> int:

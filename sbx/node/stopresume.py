@@ -15,6 +15,7 @@ from pathlib import Path
 from sbx.config import Size
 from sbx.node import cgroup, recovery
 from sbx.node.agentbase import NodeBase
+from sbx.node.steps import Steps
 from sbx.node.types import NodeError, ResumeResult, SandboxSpec, StopResult
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
@@ -35,33 +36,49 @@ class StopResumeMixin(NodeBase):
         Crash safety: the record gets phase ``stopping`` and a bumped ``diskGen`` (the generation this stop
         seals, which the memory image records; :mod:`sbx.node.recovery`) before CRIU starts, and ``haltBegun``
         before a halt starts, so reconcile never checkpoints a container that is half shut down."""
+        st = Steps("stop", id)
         with self._lock(id):
+            st.mark("lock")
             rec = self._record(id)
-            state = self.runtime.state(id)
+            state = "running" if self._is_running(id) else self.runtime.state(id)
+            st.mark("state")
             if state is None:
                 self._umount(id)
                 saved = rec["phase"] == "checkpointed" and self._memory_usable(id)
                 self._set_phase(id, "checkpointed" if saved else "stopped")
                 return StopResult(saved, None if saved or not keep_memory else "the sandbox was not running")
             rec["oomKills"] = rec.get("oomKills", 0) + cgroup.oom_kills(self._cgroup_path(id))
+            st.mark("oom")
             # No CRIU log may be left from earlier: reconcile reads its presence as "CRIU touched this stop".
             remove_tree(self._dir(id) / "criu-work")
+            st.mark("rm-work")
             rec["phase"] = "stopping"
             rec["stopKeepMemory"] = keep_memory
             rec["haltBegun"] = False
             rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
             self._save(id, rec)
+            st.mark("save")
+            recovery.test_hold(recovery.TEST_HOLD_STOP_ENV, self._dir(id) / "stop-hold")
             saved = False
             error: str | None = None
             if keep_memory:
                 mem = self._memory(id)
+                self._quiesce_channel(id)  # CRIU can't dump a connection to the host
+                st.mark("quiesce")
+                # frozen here in ~1 ms instead of by CRIU, which polls the freezer in 100 ms steps (sbx.node.cgroup)
+                frozen = cgroup.freeze(self._cgroup_path(id))
+                st.mark("freeze")
                 try:
                     recovery.test_fail_checkpoint()
                     self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
+                    st.mark("checkpoint")
                     recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
+                    st.mark("fingerprint")
                     saved = True
                 except RuntimeError_ as e:
+                    if frozen:  # CRIU freezes again a cgroup it found frozen when its dump fails: thaw it to halt
+                        cgroup.thaw(self._cgroup_path(id))
                     log.warning("checkpoint of %s failed, stopping without memory: %s", id, e.detail)
                     error = e.detail
                     self._discard_memory(id)
@@ -70,12 +87,18 @@ class StopResumeMixin(NodeBase):
                 self._set_phase(id, "stopping", haltBegun=True)
                 self._halt(id)
             self._cleanup_container(id)
+            st.mark("cleanup")
+            self._channel_resume(id)
             self._umount(id)
+            st.mark("umount")
             self._seal(id)
+            st.mark("seal")
             if saved:
                 self._set_phase(id, "checkpointed", lastError=None)
             else:
                 self._set_phase(id, "stopped")
+            st.mark("phase")
+            st.done()
             return StopResult(saved, error)
 
     def _begin_start(self, sid: str) -> None:
@@ -162,18 +185,29 @@ class StopResumeMixin(NodeBase):
             time.sleep(min(2.0, left))
 
     def _restore(self, sid: str, size: Size) -> None:
+        st = Steps("restore", sid)
         self._begin_start(sid)  # from here on the image is stale: an interrupted restore never repeats
+        st.mark("begin")
         rec = self._record(sid)
         self._cleanup_container(sid)
+        st.mark("cleanup")
         self._mount(sid)
+        st.mark("mount")
         bundle = self._write_bundle(sid, rec, size)
+        st.mark("bundle")
         self._set_phase(sid, "restoring")
+        st.mark("phase")
         try:
             self.runtime.restore(sid, bundle, self._memory(sid), self._dir(sid) / "criu-work")
         except RuntimeError_ as e:
             self._cleanup_container(sid)
             self._set_phase(sid, "checkpointed")
             raise NodeError("restore_failed", e.detail) from e
+        st.mark("criu-restore")
+        self._mark_started(sid)
         recovery.test_hold(recovery.TEST_HOLD_RESTORE_ENV, self._dir(sid) / "restore-hold")
         self._discard_memory(sid)
+        st.mark("discard")
         self._set_phase(sid, "running", size=size.name)
+        st.mark("phase2")
+        st.done()

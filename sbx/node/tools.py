@@ -3,6 +3,8 @@ missing binary or a non-zero exit into the caller's error type, with the tool's 
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
@@ -28,3 +30,16 @@ def run_checked(
         tail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
         raise error(f"{what} failed (exit {proc.returncode}): {tail}")
     return proc
+
+
+def hang_up(proc: subprocess.Popen[bytes]) -> None:
+    """End a session whose client went away (a terminal, a spawned process): SIGHUP, which runc passes to the
+    command, then SIGKILL after 5 s; waits for it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGHUP)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from sbx.config import Size
 
@@ -96,8 +96,9 @@ class JobInfo:
 class Stats:
     """A fresh sample of a sandbox's use: memory limit and use (MiB), CPU use since the last sample
     (percent of one CPU), disk used inside the sandbox (MiB, from statfs of its root), OOM kills counted by
-    its memory cgroup and its child cgroups (services, jobs; from the kernel log), and disk bytes allocated on
-    the volume / unique to this sandbox."""
+    its memory cgroup and its child cgroups (services, jobs; from the kernel log), disk bytes allocated on
+    the volume / unique to this sandbox, and (while it is not running) the bytes its saved memory image holds on
+    the volume (0 without one; metered as stored data, issue 12)."""
 
     memory_total_mb: int
     memory_used_mb: int
@@ -106,6 +107,7 @@ class Stats:
     oom_kills: int
     disk_allocated_bytes: int = 0
     disk_unique_bytes: int = 0
+    memory_image_bytes: int = 0
 
 
 @dataclass
@@ -120,16 +122,36 @@ class SnapshotInfo:
     unique_bytes: int = 0
 
 
+@dataclass
+class NodeInfo:
+    """A node's heartbeat (issue 10): ``name``; capacity: ``memory_mib`` (host RAM, ``MemTotal``),
+    ``disk_free_bytes`` and ``disk_path`` (room where the data volume runs out first, as admission measures it),
+    ``vcpus`` (online CPUs); load: ``load1`` (1-minute load average), ``running`` (sandbox containers running);
+    ``fingerprint``: what a memory image made here is tied to (``cpuModel``, ``cpuFlagsSha256``, ``kernel``,
+    ``criu``; :func:`sbx.runtime.criu.host_fingerprint`)."""
+
+    name: str
+    memory_mib: int
+    disk_free_bytes: int
+    disk_path: str
+    vcpus: int
+    load1: float
+    running: int
+    fingerprint: dict[str, str] = field(default_factory=dict)
+
+
 NodeStatus = Literal["running", "checkpointed", "stopped", "absent"]
 
 
 class NodeAgent(Protocol):
     """The operations a node offers. ``id`` arguments are sandbox ids the node has been told about."""
 
-    def create(self, spec: SandboxSpec, from_snapshot: str | None = None) -> None:
+    def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
         """Make the sandbox's disk (from the base image, or a copy of snapshot ``from_snapshot``), grow it to
-        ``spec.size.disk_mib``, give it a fresh identity, boot it and wait until exec works. Raises
-        ``NodeError("boot_failed")``, ``NodeError("not_found")`` for an unknown snapshot."""
+        ``spec.size.disk_mib``, give it a fresh identity, boot it and wait until exec works. Without
+        ``from_snapshot`` and ``cold`` it restores the size's memory template instead when one is ready (the
+        sandbox still gets its own identity; :mod:`sbx.node.templates`). Returns ``"template"`` or ``"boot"``.
+        Raises ``NodeError("boot_failed")``, ``NodeError("not_found")`` for an unknown snapshot."""
         ...
 
     def exec(
@@ -184,9 +206,12 @@ class NodeAgent(Protocol):
         a failed restore raises ``restore_failed``."""
         ...
 
-    def fork(self, source_id: str, spec: SandboxSpec) -> None:
+    def fork(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
         """Copy the source's disk copy-on-write (freezing its filesystem for the copy when it runs) and cold
-        boot ``spec`` on the copy with a new identity. The source is not otherwise touched."""
+        boot ``spec`` on the copy with a new identity. The source is not otherwise touched. With ``memory`` the
+        running source's processes and memory go along: it is paused for the copy and a ``--leave-running`` dump,
+        and ``spec`` is restored from the dump with a new identity. Raises ``NodeError`` (``not_running`` for a
+        memory fork of a source that doesn't run, ``fork_failed``, ``restore_failed``)."""
         ...
 
     def snapshot(self, id: str, name: str) -> SnapshotInfo:
@@ -210,8 +235,13 @@ class NodeAgent(Protocol):
         scan of every image on the volume (list views and events don't need them)."""
         ...
 
-    def status(self, id: str) -> NodeStatus:
-        """What the node finds for ``id`` now."""
+    def status(self, id: str, settled: bool = False) -> NodeStatus:
+        """What the node finds for ``id`` now; with ``settled``, once no operation is in flight on it (it waits
+        for one that is: a server replica that died mid-stop left the node finishing it)."""
+        ...
+
+    def info(self) -> NodeInfo:
+        """The node's capacity, load and memory-image fingerprint now (its heartbeat)."""
         ...
 
     def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
@@ -223,6 +253,24 @@ class NodeAgent(Protocol):
 
     def address(self, id: str) -> str:
         """The sandbox's IPv4 address on the node's bridge, where its listening ports answer."""
+        ...
+
+    def egress_ready(self) -> bool:
+        """True when the node's egress proxy runs (secrets can be bound to its sandboxes)."""
+        ...
+
+    def serve_egress(self, handler: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+        """Answer the egress proxy's questions with ``handler(sandbox_id, question) -> answer`` (see
+        :mod:`sbx.node.egressproxy`)."""
+        ...
+
+    def set_egress_proxy(self, id: str, enabled: bool) -> None:
+        """Send the sandbox's outbound TCP 80/443 through the egress proxy or not, from its next connection on.
+        Raises ``NodeError("egress_proxy_unavailable")`` when enabling it on a node without a proxy."""
+        ...
+
+    def close_egress(self) -> None:
+        """Stop the egress proxy (server shutdown)."""
         ...
 
     def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:

@@ -37,8 +37,18 @@ class Runtime(Protocol):
         to ``pid_file`` (it leads its own process group, so killing ``-pid`` kills the group)."""
         ...
 
-    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0) -> None:
-        """Dump the container's processes and memory into ``image_dir`` and stop it."""
+    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0,
+                   leave_running: bool = False) -> None:
+        """Dump the container's processes and memory into ``image_dir`` and stop it (``leave_running``: it goes
+        on)."""
+        ...
+
+    def pause(self, cid: str) -> None:
+        """Freeze every process of the container."""
+        ...
+
+    def unpause(self, cid: str) -> None:
+        """Thaw a paused container."""
         ...
 
     def restore(self, cid: str, bundle: Path, image_dir: Path, work_dir: Path) -> None:

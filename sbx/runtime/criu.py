@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import subprocess
 from functools import lru_cache
@@ -46,10 +47,18 @@ def _cpuinfo() -> tuple[str, str]:
     return model, flags
 
 
+FAKE_FINGERPRINT_ENV = "SBX_TEST_FAKE_FINGERPRINT"
+"""Test knob (issue 10): when set on a node agent, the node's ``cpuModel`` gets `` (fake: <value>)`` appended, so
+memory images made on other nodes don't match it (``cpu_mismatch``) and its own don't match theirs."""
+
+
 def host_fingerprint(criu_binary: str) -> dict[str, str]:
     """``{"cpuModel", "cpuFlagsSha256", "kernel", "criu"}`` of this host. Two hosts with equal fingerprints can
     restore each other's memory images."""
     model, flags = _cpuinfo()
+    fake = os.environ.get(FAKE_FINGERPRINT_ENV, "").strip()
+    if fake:  # a test knob: this node claims another CPU, so images of other nodes mismatch here
+        model = f"{model} (fake: {fake})"
     return {
         "cpuModel": model,
         "cpuFlagsSha256": hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest(),

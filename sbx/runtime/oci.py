@@ -43,7 +43,8 @@ ID_MAP_SIZE = 65536
 
 CFS_PERIOD_US = 100_000
 
-# What runc hides (an empty read-only tmpfs over a directory, /dev/null over a file): Docker's default list, then
+# What is hidden (an empty read-only tmpfs from runc over a directory, or a read-only bind of an empty host folder for
+# the /sys ones when the node gives one: ContainerSpec.mask_dir; /dev/null over a file): Docker's default list, then
 # host facts that are not the sandbox's business: the host's kernel command line and boot parameters, its block
 # devices (the loop devices' ``loop/backing_file`` names every sandbox disk on the node and its host path), the
 # per-device ext4/xfs statistics (named after those loop devices), the kernel log and debugfs. runc 1.1 makes
@@ -60,6 +61,7 @@ MASKED_PATHS = [
     "/sys/fs/ext4", "/sys/fs/xfs", "/sys/kernel/debug", "/sys/kernel/boot_params", "/sys/kernel/vmcoreinfo",
 ]
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger"]
+MASK_BIND_OPTIONS = ["bind", "ro", "nosuid", "nodev", "noexec"]
 
 # The /proc files LXCFS virtualizes per container.
 LXCFS_PROC_FILES = ["cpuinfo", "diskstats", "loadavg", "meminfo", "stat", "swaps", "uptime"]
@@ -82,6 +84,13 @@ class ContainerSpec:
       ``/proc`` files are bind-mounted over the container's, so ``free`` shows the memory limit and ``uptime``
       the sandbox's own boot (LXCFS docs: the ``proc/*`` files it serves). CRIU treats them as external bind
       mounts and restores them (measured).
+    - ``mask_dir``: a host directory that stays empty, owned by host root, mode 0555 (the sandbox's own, in its
+      bundle). When set, each directory of :data:`MASKED_PATHS` under ``/sys`` is a read-only bind mount of it
+      instead of runc's read-only tmpfs (:func:`masks`): CRIU runs ``tar`` for every tmpfs it dumps and again to
+      restore it (~4.5 ms each here, ten masks), while a bind mount from the host is an external mount it only
+      names. Root inside sees an empty directory either way; unmounted, either shows the same sysfs directory; and
+      remounted read-write, the bind still refuses writes (the directory's owner is not mapped in the sandbox's
+      user namespace, so its root is "other" there).
     """
 
     hostname: str
@@ -94,24 +103,39 @@ class ContainerSpec:
     pids_limit: int = 8192
     lxcfs_dir: str | None = None
     uid_base: int = 0
+    mask_dir: str | None = None
     annotations: dict[str, str] = field(default_factory=dict)
 
 
 def mount_targets(config: dict[str, Any]) -> list[tuple[str, bool]]:
-    """``(destination, is_file)`` of every mount in ``config`` whose target lies on the root filesystem, i.e. not
-    below another tmpfs/proc/sysfs mount of the config other than ``/proc`` itself (LXCFS binds its files over
-    ``/proc/<name>`` and runc's restore creates those targets on the root path: measured). A bind of a file
-    source is a file target."""
+    """``(destination, is_file)`` of every mount in ``config`` whose target runc's restore creates on the root
+    path: all but the cgroup mount and those below a tmpfs of the config (CRIU restores a tmpfs with its content),
+    as runc's restore does (LXCFS binds its files over ``/proc/<name>``, the masks bind over ``/sys/<dir>``:
+    measured, runc makes those targets on the disk itself, where the procfs or sysfs covers them later). A bind
+    of a file source is a file target."""
     mounts = config.get("mounts", [])
-    virtual = {m["destination"] for m in mounts if m.get("type") in ("tmpfs", "sysfs", "devpts", "mqueue")}
+    tmpfs = {m["destination"] for m in mounts if m.get("type") == "tmpfs"}
     out = []
     for m in mounts:
         dest = m["destination"]
-        if any(dest.startswith(v + "/") for v in virtual):
+        if m.get("type") == "cgroup" or any(dest.startswith(v + "/") for v in tmpfs):
             continue
         is_file = m.get("type") == "bind" and (dest.startswith("/proc/") or os.path.isfile(m.get("source", "")))
         out.append((dest, is_file))
     return out
+
+
+def masks(mask_dir: str | None) -> tuple[list[str], list[dict[str, Any]]]:
+    """``(maskedPaths, bind mounts)`` for :data:`MASKED_PATHS`: without ``mask_dir`` everything goes to runc's
+    ``maskedPaths``; with it, the paths under ``/sys`` that are directories on this host (a sandbox's sysfs shows
+    the host's, but for its own network devices) become read-only binds of ``mask_dir`` (see
+    :class:`ContainerSpec`). runc refuses bind mounts inside ``/proc``, so those stay masked by runc."""
+    if mask_dir is None:
+        return list(MASKED_PATHS), []
+    binds = [p for p in MASKED_PATHS if p.startswith("/sys/") and os.path.isdir(p)]
+    mounts = [{"destination": p, "type": "bind", "source": mask_dir, "options": list(MASK_BIND_OPTIONS)}
+              for p in binds]
+    return [p for p in MASKED_PATHS if p not in binds], mounts
 
 
 def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
@@ -129,6 +153,7 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
          "options": ["rbind", "rw"]}
         for name in LXCFS_PROC_FILES
     ] if spec.lxcfs_dir else []
+    masked, mask_mounts = masks(spec.mask_dir)
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -160,6 +185,7 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
              "options": ["nosuid", "noexec", "nodev", "ro"]},
             {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
              "options": ["nosuid", "noexec", "nodev", "relatime", "rw"]},
+            *mask_mounts,
             {"destination": "/run", "type": "tmpfs", "source": "tmpfs",
              "options": ["nosuid", "nodev", "mode=755"]},
             {"destination": "/run/lock", "type": "tmpfs", "source": "tmpfs",
@@ -180,7 +206,7 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
                 "cpu": {"quota": spec.vcpus * CFS_PERIOD_US, "period": CFS_PERIOD_US, "cpus": spec.cpuset_cpus},
                 "pids": {"limit": spec.pids_limit},
             },
-            "maskedPaths": list(MASKED_PATHS),
+            "maskedPaths": masked,
             "readonlyPaths": list(READONLY_PATHS),
             "seccomp": seccomp.default_profile(),
         },

@@ -102,13 +102,15 @@ class RuncRuntime:
                                         f"{p.stderr.decode(errors='replace').strip()[-1000:]}")
         return p.stdout
 
-    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0) -> None:
+    def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0,
+                   leave_running: bool = False) -> None:
         """Dump with ``--tcp-established`` so an open connection (an ssh session, a client of a server inside)
         does not block the stop; the bundle's CRIU config (:data:`CRIU_CONFIG`) restores such connections closed,
         so their processes see a reset while listeners keep answering. ``image_gid``: the sandbox's shifted root
         group; the image directory is made group-owned by it with mode 0750, because restored tasks of a shifted
         map run as that host uid/gid and CRIU opens images from them ("Unable to open tty-info.img: Permission
-        denied" otherwise: runtime-facts)."""
+        denied" otherwise: runtime-facts). ``leave_running``: the container goes on afterwards (``runc checkpoint
+        --leave-running``; a paused container stays paused: CRIU leaves a cgroup frozen that it found frozen)."""
         for d in (image_dir, work_dir):
             remove_tree(d)
         image_dir.mkdir(mode=0o700, parents=True)
@@ -119,10 +121,19 @@ class RuncRuntime:
         try:
             self._run("checkpoint", self.cmd("--criu", str(self.criu), "checkpoint", "--image-path", str(image_dir),
                                              "--work-path", str(work_dir), "--empty-ns", "network",
-                                             "--tcp-established", cid),
+                                             "--tcp-established", *(["--leave-running"] if leave_running else []),
+                                             cid),
                       timeout=600, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("checkpoint", f"{e.detail}\n{log_tail(work_dir, 'dump.log')}") from e
+
+    def pause(self, cid: str) -> None:
+        """Freeze every process of the container (``runc pause``: the cgroup freezer). Raises :class:`RuntimeError_`."""
+        self._run("pause", self.cmd("pause", cid), timeout=30)
+
+    def unpause(self, cid: str) -> None:
+        """Thaw a paused container (``runc resume``). Raises :class:`RuntimeError_`."""
+        self._run("unpause", self.cmd("resume", cid), timeout=30)
 
     def restore(self, cid: str, bundle: Path, image_dir: Path, work_dir: Path) -> None:
         """Restore detached. Times out after 30 s plus 1 s per 20 MiB of image (a healthy 1 GiB restore takes
@@ -199,11 +210,16 @@ class RuncRuntime:
         return killed
 
     def list(self) -> list[str]:
+        return list(self.statuses())
+
+    def statuses(self) -> dict[str, str]:
+        """``{container id: status}`` (``running``, ``paused``, ``stopped``, ``created``) of every container, from
+        one ``runc list``."""
         p = subprocess.run(self.cmd("list", "--format", "json"), capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
         if p.returncode != 0 or not p.stdout.strip() or p.stdout.strip() == "null":
-            return []
-        return [c["id"] for c in json.loads(p.stdout)]
+            return {}
+        return {c["id"]: c.get("status", "") for c in json.loads(p.stdout)}
 
 
 def detach_mounts_below(path: Path) -> None:

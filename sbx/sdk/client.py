@@ -68,14 +68,16 @@ class Sandbox(_Base):
         cls, type: str = "small", name: str | None = None, ttl: int | None = None, from_snapshot: str | None = None,
         no_snapshots: bool = False, env: dict[str, str] | None = None, wait: bool = True,
         client: Client | None = None, auto_resume: bool = False, labels: dict[str, str] | None = None,
+        cold: bool = False,
     ) -> Sandbox:
         """Create a sandbox (``ttl`` in seconds of inactivity; ``from_snapshot`` a snapshot name; ``auto_resume``:
         an exec, a file call, a shell or traffic on a hosted port resumes it when stopped; ``labels`` string
-        metadata for :meth:`list`); with ``wait`` returns once it runs. Raises :class:`SbxError`
+        metadata for :meth:`list`; ``cold``: boot, not from the size's memory template); with ``wait`` returns once
+        it runs. Raises :class:`SbxError`
         (``invalid_type``, ``not_found``, ...)."""
         c = client or Client()
         try:
-            data = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume, labels))
+            data = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume, labels, cold))
         except BaseException:
             if client is None:
                 c.close()
@@ -159,10 +161,10 @@ class Sandbox(_Base):
         return self
 
     def fork(self, type: str | None = None, ttl: int | None = None, name: str | None = None,
-             env: dict[str, str] | None = None, wait: bool = True) -> Sandbox:
-        """Fork into a new sandbox (disk copied, memory not); returns its handle (sharing this one's client;
-        a ``with`` block on it deletes the fork)."""
-        return Sandbox(self.client.run(P.fork(self.id, type, ttl, name, env, wait)), self.client,
+             env: dict[str, str] | None = None, wait: bool = True, memory: bool = False) -> Sandbox:
+        """Fork into a new sandbox (disk copied; with ``memory`` its running processes and memory too); returns its
+        handle (sharing this one's client; a ``with`` block on it deletes the fork)."""
+        return Sandbox(self.client.run(P.fork(self.id, type, ttl, name, env, wait, memory)), self.client,
                        delete_on_exit=True)
 
     def snapshot(self, name: str) -> dict[str, Any]:
@@ -243,6 +245,7 @@ class AsyncSandbox(_Base):
         cls, type: str = "small", name: str | None = None, ttl: int | None = None, from_snapshot: str | None = None,
         no_snapshots: bool = False, env: dict[str, str] | None = None, wait: bool = True,
         client: AsyncClient | None = None, auto_resume: bool = False, labels: dict[str, str] | None = None,
+        cold: bool = False,
     ) -> _Creating:
         """As :meth:`Sandbox.create`; ``await`` it, or ``async with`` it directly."""
 
@@ -250,7 +253,7 @@ class AsyncSandbox(_Base):
             c = client or AsyncClient()
             try:
                 data = await c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume,
-                                            labels))
+                                            labels, cold))
             except BaseException:
                 if client is None:
                     await c.close()
@@ -322,8 +325,8 @@ class AsyncSandbox(_Base):
         return self
 
     async def fork(self, type: str | None = None, ttl: int | None = None, name: str | None = None,
-                   env: dict[str, str] | None = None, wait: bool = True) -> AsyncSandbox:
-        return AsyncSandbox(await self.client.run(P.fork(self.id, type, ttl, name, env, wait)), self.client,
+                   env: dict[str, str] | None = None, wait: bool = True, memory: bool = False) -> AsyncSandbox:
+        return AsyncSandbox(await self.client.run(P.fork(self.id, type, ttl, name, env, wait, memory)), self.client,
                             delete_on_exit=True)
 
     async def snapshot(self, name: str) -> dict[str, Any]:

@@ -124,15 +124,21 @@ def create(
     wait: bool = True,
     auto_resume: bool = False,
     labels: dict[str, str] | None = None,
+    cold: bool = False,
+    secrets: list[str] | None = None,
 ) -> Call:
     """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: an exec, a file
-    call, a shell or a request on one of its hosted ports resumes it when stopped. ``labels``: string metadata."""
+    call, a shell or a request on one of its hosted ports resumes it when stopped. ``labels``: string metadata.
+    ``cold``: boot even when a memory template of the size is ready. ``secrets``: names of secrets bound to it
+    (the egress proxy injects them; it never sees the values)."""
     body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env,
-                   "labels": labels})
+                   "labels": labels, "secrets": secrets or None})
     if no_snapshots:
         body["noSnapshots"] = True
     if auto_resume:
         body["autoResume"] = True
+    if cold:
+        body["cold"] = True
     resp = yield Request("POST", "/v1/sandboxes", body, _wait_params(wait), timeout=_long_timeout(wait))
     return _sandbox(resp)
 
@@ -172,10 +178,13 @@ def resume(
 
 def fork(
     sandbox_id: str, type: str | None = None, ttl: int | None = None, name: str | None = None,
-    env: dict[str, str] | None = None, wait: bool = True,
+    env: dict[str, str] | None = None, wait: bool = True, memory: bool = False, secrets: list[str] | None = None,
 ) -> Call:
-    """``POST /v1/sandboxes/{id}/fork``; returns the fork's sandbox dict."""
-    body = _clean({"type": type, "ttl": ttl, "name": name, "env": env})
+    """``POST /v1/sandboxes/{id}/fork``; returns the fork's sandbox dict (``memory``: fork with memory). A fork
+    gets only the ``secrets`` named here, not its source's."""
+    body = _clean({"type": type, "ttl": ttl, "name": name, "env": env, "secrets": secrets or None})
+    if memory:
+        body["memory"] = True
     resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/fork", body, _wait_params(wait),
                          timeout=_long_timeout(wait))
     return _sandbox(resp)
@@ -221,6 +230,43 @@ def snapshots(sandbox_id: str | None = None) -> Call:
     params = {"sandbox": sandbox_id} if sandbox_id else {}
     resp = yield Request("GET", "/v1/snapshots", None, params)
     return list(resp.body["snapshots"])
+
+
+def nodes() -> Call:
+    """``GET /v1/nodes``; returns node dicts (name, url, status, cordoned, capacity, load, fingerprint...)."""
+    resp = yield Request("GET", "/v1/nodes")
+    return list(resp.body["nodes"])
+
+
+def add_node(url: str, token: str) -> Call:
+    """``POST /v1/nodes``; returns the node dict of the added node agent."""
+    resp = yield Request("POST", "/v1/nodes", {"url": url, "token": token})
+    return dict(resp.body["node"])
+
+
+def remove_node(name: str) -> Call:
+    """``DELETE /v1/nodes/{name}``; returns the removed node's dict."""
+    resp = yield Request("DELETE", f"/v1/nodes/{name}")
+    return dict(resp.body["node"])
+
+
+def cordon(name: str, cordoned: bool = True) -> Call:
+    """``POST /v1/nodes/{name}/cordon`` (or ``/uncordon``); returns the node dict."""
+    resp = yield Request("POST", f"/v1/nodes/{name}/{'cordon' if cordoned else 'uncordon'}")
+    return dict(resp.body["node"])
+
+
+def drain(name: str, wait: bool = False) -> Call:
+    """``POST /v1/nodes/{name}/drain``; returns the drain dict (node, state, empty, sandboxes: id, action, status,
+    to, error, pauseS...). ``wait``: answer when it has finished."""
+    resp = yield Request("POST", f"/v1/nodes/{name}/drain", params=_wait_params(wait), timeout=_long_timeout(wait))
+    return dict(resp.body["drain"])
+
+
+def drain_status(name: str) -> Call:
+    """``GET /v1/nodes/{name}/drain``; the drain dict of the node's last drain."""
+    resp = yield Request("GET", f"/v1/nodes/{name}/drain")
+    return dict(resp.body["drain"])
 
 
 def delete_snapshot(name: str) -> Call:
@@ -360,6 +406,40 @@ def unhost(sandbox_id: str, port: int) -> Call:
     """``DELETE /v1/sandboxes/{id}/routes/{port}``."""
     yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}/routes/{int(port)}")
     return None
+
+
+# secrets -----------------------------------------------------------------------------------------------------
+def put_secret(name: str, value: str, rules: list[dict[str, Any]] | None = None) -> Call:
+    """``PUT /v1/secrets/{name}``: create (``rules`` required) or rotate; returns the secret dict (no value)."""
+    body: dict[str, Any] = {"value": value}
+    if rules is not None:
+        body["rules"] = rules
+    resp = yield Request("PUT", f"/v1/secrets/{name}", body)
+    return dict(resp.body["secret"])
+
+
+def secrets() -> Call:
+    """``GET /v1/secrets``; returns the secret dicts by name."""
+    resp = yield Request("GET", "/v1/secrets")
+    return list(resp.body["secrets"])
+
+
+def delete_secret(name: str) -> Call:
+    """``DELETE /v1/secrets/{name}``."""
+    yield Request("DELETE", f"/v1/secrets/{name}")
+    return None
+
+
+def secret_log(name: str, limit: int = 100) -> Call:
+    """``GET /v1/secrets/{name}/log``; returns the use dicts, oldest first."""
+    resp = yield Request("GET", f"/v1/secrets/{name}/log", params={"limit": limit})
+    return list(resp.body["uses"])
+
+
+def bind_secret(sandbox_id: str, name: str, bind: bool = True) -> Call:
+    """``PUT`` (bind) or ``DELETE`` (unbind) ``/v1/sandboxes/{id}/secrets/{name}``; returns the bound names."""
+    resp = yield Request("PUT" if bind else "DELETE", f"/v1/sandboxes/{sandbox_id}/secrets/{name}")
+    return list(resp.body["secrets"])
 
 
 # files -------------------------------------------------------------------------------------------------------

@@ -12,16 +12,18 @@ from pathlib import Path
 
 
 @contextmanager
-def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+def file_lock(path: Path, wait: bool = True, shared: bool = False) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing) for the ``with`` block and
-    yield True. With ``wait`` it blocks until the lock is free; without, it yields False at once when another
-    process holds it (the block then runs without the lock). The kernel drops the lock if the process dies, so a
+    yield True; with ``shared`` a shared one (any number of shared holders, no exclusive one). With ``wait`` it
+    blocks until the lock is free; without, it yields False at once when another process holds it (the block then
+    runs without the lock). The kernel drops the lock if the process dies, so a
     crash never leaves it held."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return

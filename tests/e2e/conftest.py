@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.slots import slotted
 
 VENV_BIN = Path(sys.executable).parent
 SBX = str(VENV_BIN / "sbx")
@@ -46,6 +49,15 @@ class Server:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
+    def delete_all(self) -> None:
+        """Delete every sandbox and wait for each; one that is gone by then (a delete already in flight) is fine."""
+        for sb in self.api("GET", "/v1/sandboxes")["sandboxes"]:
+            try:
+                self.api("DELETE", f"/v1/sandboxes/{sb['id']}?wait=true")
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    raise
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -70,9 +82,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: str) -> Iterator[Server]:
     """Run `sbx server` (test profile) with its own state dir, node, bridge, subnet and ports, HOME under ``tmp``;
     ``env_extra`` adds ``SBX_*`` settings. On exit deletes its sandboxes, stops it (it must exit 0) and removes
-    its bridge."""
+    its bridge. Node, bridge and subnet move to the run's test slot (:mod:`tests.slots`)."""
     if os.geteuid() != 0:
         pytest.fail("end-to-end tests boot real sandboxes and must run as root")
+    node, bridge, subnet = slotted(node, bridge, subnet)
     port = _free_port()
     proxy_port = _free_port()
     env = {
@@ -114,8 +127,7 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
         yield srv
     finally:
         try:
-            for sb in srv.api("GET", "/v1/sandboxes")["sandboxes"]:
-                srv.api("DELETE", f"/v1/sandboxes/{sb['id']}?wait=true")
+            srv.delete_all()
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.conftest import SBX, VENV_BIN, Server, _cleanup_host, _free_port
 from tests.e2e.helpers import poll
+from tests.slots import slotted
 
 
 class FaultServer:
@@ -32,15 +33,17 @@ class FaultServer:
         if os.geteuid() != 0:
             pytest.fail("end-to-end tests boot real sandboxes and must run as root")
         self.tmp = tmp
-        self.node = os.environ.get(f"{prefix}_NODE", node)
+        self.node, bridge, subnet = slotted(os.environ.get(f"{prefix}_NODE", node),
+                                            os.environ.get(f"{prefix}_BRIDGE", bridge),
+                                            os.environ.get(f"{prefix}_SUBNET", subnet))
         self.port = _free_port()
         self.env = {
             **os.environ,
             "SBX_PROFILE": "test",
             "SBX_STATE_DIR": str(tmp / "state"),
             "SBX_NODE_NAME": self.node,
-            "SBX_BRIDGE": os.environ.get(f"{prefix}_BRIDGE", bridge),
-            "SBX_SUBNET": os.environ.get(f"{prefix}_SUBNET", subnet),
+            "SBX_BRIDGE": bridge,
+            "SBX_SUBNET": subnet,
             "SBX_PORT": str(self.port),
             "SBX_PROXY_PORT": str(_free_port()),
             "SBX_AUTO_SNAPSHOT_SECONDS": "0",
@@ -128,12 +131,7 @@ class FaultServer:
         self.thaw_all()
         try:
             if self.proc is not None and self.proc.poll() is None and self.srv is not None:
-                for sb in self.srv.api("GET", "/v1/sandboxes")["sandboxes"]:
-                    try:
-                        self.srv.api("DELETE", f"/v1/sandboxes/{sb['id']}?wait=true")
-                    except urllib.error.HTTPError as e:  # already gone (a delete that was in flight)
-                        if e.code != 404:
-                            raise
+                self.srv.delete_all()
         finally:
             code = 0
             if self.proc is not None and self.proc.poll() is None:

@@ -215,6 +215,18 @@ def test_an_oom_kill_in_a_detached_job_is_counted(faults: FaultServer) -> None:
     ok(faults, "delete", sid)
 
 
+def test_a_job_killed_with_its_wrapper_is_not_reported_as_a_success(faults: FaultServer) -> None:
+    # Root inside kills the job's whole unit, the wrapper that records the exit code included: no code is
+    # written, and the job must read as killed (137), not as exit 0 (what `sbx wait` said before).
+    sid = new(faults)
+    job = ok(faults, "exec", sid, "--detach", "sleep 600").strip()
+    ok(faults, "exec", "--user", "root", sid, f"systemctl kill --signal=SIGKILL sbx-{job}")
+    assert sbx(faults, "wait", sid, job, timeout=120).returncode == 137
+    got = json.loads(ok(faults, "jobs", sid, "--json"))
+    assert [(j["id"], j["running"], j["exitCode"]) for j in got["jobs"]] == [(job, False, 137)]
+    ok(faults, "delete", sid)
+
+
 TRANSIENT = {"provisioning", "stopping", "resuming", "forking", "deleting"}
 
 

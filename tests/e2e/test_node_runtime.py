@@ -19,6 +19,7 @@ from sbx.config import load_settings
 from sbx.node.agent import LocalNode
 from sbx.node.network import remove_bridge
 from sbx.node.types import NodeError, SandboxSpec
+from tests.slots import slotted
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +30,8 @@ COUNTER = (
 
 
 def _settings():
-    return load_settings(profile="test", node_name="e2enode", bridge="sbxn0", subnet="10.91.0.0/16",
+    node, bridge, subnet = slotted("e2enode", "sbxn0", "10.91.0.0/16")
+    return load_settings(profile="test", node_name=node, bridge=bridge, subnet=subnet,
                          require_memory_wait=REQUIRE_MEMORY_WAIT)
 
 

@@ -30,6 +30,21 @@ def _toml(value: Any) -> str:
     return json.dumps(value)
 
 
+
+ST_LAUNCHER = """
+import sys
+import hypothesis.internal.lambda_sources as sources
+# Debian 12's Python 3.11 sometimes raises SystemError ("AST constructor recursion depth mismatch", a CPython bug)
+# when hypothesis parses its own source to describe a filter's lambda for a strategy's repr; the description is
+# cosmetic, so it is not computed.
+sources.lambda_description = lambda f: "lambda: <source not parsed>"
+from schemathesis.cli import schemathesis
+sys.argv[0] = "st"
+sys.exit(schemathesis())
+"""
+"""Runs the schemathesis CLI (what ``st`` runs) without hypothesis's lambda source parsing."""
+
+
 def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(server: Any, tmp_path: Path) -> None:
     http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}, timeout=300)
     with http:
@@ -67,17 +82,35 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(server: Any, 
         "[[operations]]",
         'include-path-regex = "/files"',
         'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]',
+        "",
+        # a secret's rules have constraints across fields (a header action needs a header name and a value holding
+        # {secret}, basic auth a username, hosts are DNS names with a dot, not addresses): the control plane
+        # answers those with its documented 400 invalid_rules
+        "[[operations]]",
+        'include-name = "PUT /v1/secrets/{name}"',
+        'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]',
+        # cordoning the session server's own node would make every later create and fork a (documented) 507:
+        # the node routes are fuzzed against a name no node has
+        "[[operations]]",
+        'include-path-regex = "^/v1/nodes/"',
+        'parameters = { "path.name" = "fuzz-no-such-node" }',
+        'checks.positive_data_acceptance.expected-statuses = ["2xx", "404"]',
     ]) + "\n"
     cfg = tmp_path / "schemathesis.toml"
     cfg.write_text(config)
     report = tmp_path / "report"
     cmd = [
-        str(VENV_BIN / "st"), "--config-file", str(cfg), "run", server.url + "/openapi.json",
+        str(VENV_BIN / "python"), "-c", ST_LAUNCHER, "--config-file", str(cfg), "run", server.url + "/openapi.json",
         "--checks", "all", "--max-examples", str(MAX_EXAMPLES),
         "--phases", "examples,coverage,fuzzing", "--workers", "2", "--request-timeout", "60",
         "--max-response-time", "300",  # no timing assertion: a loaded 2-core machine may be slow
         "--header", f"Authorization: Bearer {server.token}", "--generation-database", "none",
         "--seed", "9", "--no-color", "--report", "junit", "--report-dir", str(report),
+        # two routes whose documented answer here is a 5xx, which the fuzzer counts as a server error whatever
+        # the config says: adding a node asks the URL for its heartbeat first (a schema-valid URL with no node
+        # agent behind it is 502 node_unreachable), and migrating the session's sandbox on its single node is 507
+        # insufficient_capacity; both are tested in tests/unit/api instead
+        "--exclude-name", "POST /v1/nodes", "--exclude-name", "POST /v1/sandboxes/{sandbox_id}/migrate",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=MAX_TIME, cwd=tmp_path)
     assert r.returncode == 0, f"schemathesis found problems:\n{r.stdout[-20000:]}\n{r.stderr[-3000:]}"

@@ -189,7 +189,7 @@ def test_space_deleted_inside_a_sandbox_and_by_deleting_it_goes_back_to_the_host
     volume_file = _settings().volume_backing
     assert volume_file.is_file(), f"no data volume file at {volume_file}"
     sid = _id(_new(server, "default"))  # a 3 GiB disk (test profile) holds the 2 GB
-    disk = _settings().volume / "nodes" / os.environ.get("SBX_CAP_NODE", "capacity") / "sandboxes" / sid / "disk.ext4"
+    disk = _settings().volume / "nodes" / server.env["SBX_NODE_NAME"] / "sandboxes" / sid / "disk.ext4"
     assert disk.is_file(), f"no disk image at {disk}"
 
     start = _settle_volume()

@@ -20,6 +20,7 @@ import pytest
 from sbx.config import load_settings
 from tests.e2e.conftest import Server
 from tests.security.conftest import info, new_sandbox, root
+from tests.slots import slotted
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +30,8 @@ HOST_SYSCTLS = ["kernel/core_pattern", "kernel/panic", "vm/panic_on_oom", "kerne
 
 
 def _node() -> str:
-    return os.environ.get("SBX_SEC_NODE", "sec")
+    """The security server's node name (``sec_server``: SBX_SEC_NODE, moved to the run's test slot)."""
+    return slotted(os.environ.get("SBX_SEC_NODE", "sec"), "sbxsec0", "10.95.0.0/16")[0]
 
 
 def _record(sid: str) -> dict[str, Any]:

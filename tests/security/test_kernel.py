@@ -234,3 +234,31 @@ def test_unmounted_mask_protects_nothing(sec_server: Server) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1] == "done"
     assert "WROTE" not in r.stdout, r.stdout
+
+
+def test_sysfs_masks_hold_after_a_memory_resume_and_take_no_writes(sec_server: Server) -> None:
+    """The masks over the host's block devices are read-only binds of an empty folder of the sandbox's own
+    (``<bundle>/masked``; not a tmpfs, which CRIU would tar at every dump and restore): they still hide the loop
+    devices after a stop and resume with memory, and root inside, remounting one read-write, can't write into it
+    (the folder is host root's, unmapped inside), so nothing reaches the host or another sandbox."""
+    sid = new_sandbox(sec_server)
+    sec_server.sbx("stop", sid, "--wait", check=True)
+    sec_server.sbx("resume", sid, "--wait", check=True)
+    assert info(sec_server, sid)["sandbox"]["memoryRestored"] is True
+    r = root(sec_server, sid, """
+        echo "block=[$(ls -A /sys/block 2>&1)] class=[$(ls -A /sys/class/block 2>&1)]"
+        echo "backing=[$(cat /sys/block/*/loop/backing_file 2>/dev/null)]"
+        mount -o remount,bind,rw /sys/block 2>/dev/null && echo "remounted"
+        (: > /sys/block/planted) 2>/dev/null && echo "WROTE /sys/block/planted"
+        mkdir /sys/block/d 2>/dev/null && echo "WROTE /sys/block/d"
+        chmod 0777 /sys/block 2>/dev/null && echo "CHMOD /sys/block"
+        echo done
+    """)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "block=[] class=[]" in r.stdout and "backing=[]" in r.stdout, r.stdout
+    assert "WROTE" not in r.stdout and "CHMOD" not in r.stdout, r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "done"
+    [masked] = Path("/run/sbx").glob(f"*/bundles/{sid}/masked")
+    assert list(masked.iterdir()) == []
+    st = masked.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o555)

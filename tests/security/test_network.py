@@ -31,6 +31,7 @@ import pytest
 from sbx.node import network
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.helpers import poll
+from tests.outside import outside_netns
 from tests.security.conftest import new_sandbox, root
 
 pytestmark = pytest.mark.e2e
@@ -53,38 +54,13 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 80), H).serve_forever()
 """
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def remote() -> Iterator[str]:
     """A fake outside world in a network namespace: the host routes :data:`TARGETS` to it. Yields the host's own
     address on the link (a private address of the host). Removed afterwards, routes included."""
     tag = os.environ.get("SBX_SECNET_TAG", "sbxnr")
-    ns, host_if, ns_if = f"{tag}ns", f"{tag}h", f"{tag}p"
-    link = ipaddress.IPv4Network(os.environ.get("SBX_SECNET_LINK", "172.31.252.0/30"))
-    host_ip, ns_ip = str(link.network_address + 1), str(link.network_address + 2)
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # a crashed run's leftovers
-    subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-    for t in TARGETS:
-        subprocess.run(["ip", "route", "del", f"{t}/32"], capture_output=True)
-    server = None
-    try:
-        _ip("netns", "add", ns)
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        _ip("link", "set", ns_if, "netns", ns)
-        _ip("addr", "add", f"{host_ip}/{link.prefixlen}", "dev", host_if)
-        _ip("link", "set", host_if, "up")
-        _ip("-n", ns, "addr", "add", f"{ns_ip}/{link.prefixlen}", "dev", ns_if)
-        _ip("-n", ns, "link", "set", ns_if, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        for t in TARGETS:
-            _ip("-n", ns, "addr", "add", f"{t}/32", "dev", "lo")
-            _ip("route", "add", f"{t}/32", "via", ns_ip, "dev", host_if)
-        _ip("-n", ns, "route", "add", "default", "via", host_ip)
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", REMOTE_SERVER],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    link = os.environ.get("SBX_SECNET_LINK", "172.31.252.0/30")
+    with outside_netns(tag, link, TARGETS, [[sys.executable, "-c", REMOTE_SERVER]]) as host_ip:
 
         def answers() -> bool:
             try:
@@ -95,14 +71,6 @@ def remote() -> Iterator[str]:
 
         poll(answers, "the fake remote's HTTP server", timeout=60)
         yield host_ip
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        for t in TARGETS:
-            subprocess.run(["ip", "route", "del", f"{t}/32"], capture_output=True)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 @pytest.fixture(scope="module")

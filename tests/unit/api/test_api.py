@@ -13,7 +13,7 @@ from tests.fakes import Api, make_api, wait_until
 SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
     "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "labels", "stats",
-    "memorySaved", "stopReason", "stopError", "error",
+    "memorySaved", "stopReason", "stopError", "error", "node", "nodeStatus",
 }
 STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
               "diskUniqueBytes"}
@@ -477,3 +477,26 @@ def test_exec_runs_as_user_or_root_only(api: Api) -> None:
     assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (400, "invalid_user", "user")
     r = api.post(f"/v1/sandboxes/{sid}/jobs", json={"command": "id", "user": "bob"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_user")
+
+
+def test_cold_create_and_fork_with_memory_reach_the_node(api: Api) -> None:
+    cold = api.new(type="small", cold=True)
+    warm = api.new(type="small")
+    creates = {c[1]: c[2]["cold"] for c in api.node.calls if c[0] == "create"}
+    assert creates[cold["id"]] is True and creates[warm["id"]] is False
+    r = api.post(f"/v1/sandboxes/{warm['id']}/fork?wait=true", json={"memory": True})
+    assert r.status_code == 200, r.text
+    fork = r.json()["sandbox"]
+    assert fork["memoryRestored"] is True and fork["state"] == "running"
+    assert [c[2]["memory"] for c in api.node.calls if c[0] == "fork"] == [True]
+
+
+def test_fork_with_memory_of_a_stopped_sandbox_is_409_and_changes_nothing(api: Api) -> None:
+    src = api.new(type="small")
+    api.post(f"/v1/sandboxes/{src['id']}/stop?wait=true")
+    before = len(api.c.get("/v1/sandboxes", headers=api.h).json()["sandboxes"])
+    r = api.post(f"/v1/sandboxes/{src['id']}/fork", json={"memory": True})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state"
+    assert len(api.c.get("/v1/sandboxes", headers=api.h).json()["sandboxes"]) == before
+    bad = api.post(f"/v1/sandboxes/{src['id']}/fork", json={"memory": "yes"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"].endswith("memory")

@@ -10,7 +10,7 @@ import pytest
 
 from bench import report
 from bench.__main__ import default_figures, parse_args
-from bench.figures import ANCHORS, FIGURES
+from bench.figures import ANCHORS, FIGURES, GOALS
 from bench.report import Anchor, Row
 
 STOP = Anchor(2.2, "2.2 s", "resize guide: sbx stop --wait")
@@ -137,13 +137,19 @@ def test_anchors_match_the_seed_guides() -> None:
         "stop": 2.2, "resume": 3.4, "resize": 5.6, "fork_same": 1.9, "fork_cli": 3.4, "grow": 18.6}
 
 
+def test_goals_are_issue_13s() -> None:
+    assert {k: a.value for k, a in GOALS.items()} == {"exec": 0.010, "cli": 0.120, "resume128": 0.35}
+
+
 def test_options() -> None:
     a = parse_args([])
     assert (a.repeats, a.only, a.json) == (5, None, False)
     a = parse_args(["--only", "fork, grow", "--repeats", "2", "--json"])
     assert (a.only, a.repeats, a.json) == (["fork", "grow"], 2, True)
-    assert list(FIGURES) == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow", "density"]
-    assert default_figures() == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow"]  # opt-in
+    assert list(FIGURES) == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow", "egress",
+                             "density", "template", "forkmem", "migrate", "remote", "xresume"]
+    assert default_figures() == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow",
+                                 "egress", "template", "forkmem"]  # density, migrate and remote are opt-in
     a = parse_args(["--only", "density", "--density-max", "20", "--density-idle", "5"])
     assert (a.only, a.density_max, a.density_idle) == (["density"], 20, 5.0)
     assert (parse_args([]).density_max, parse_args([]).density_idle) == (300, 60.0)

@@ -19,9 +19,11 @@ def test_migrations_create_the_schema_and_reopen_cleanly(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'db' / 'sbx.db'}" if engine == "sqlite" else request.getfixturevalue("pg_url")
     s = Store(url)
-    assert {"sandboxes", "snapshots", "events", "routes", "alembic_version"} <= set(inspect(s.engine).get_table_names())
+    tables = set(inspect(s.engine).get_table_names())
+    assert {"sandboxes", "snapshots", "events", "routes", "secrets", "secret_bindings", "secret_uses", "nodes",
+            "alembic_version"} <= tables
     with s.engine.connect() as c:
-        assert c.execute(text("select version_num from alembic_version")).scalar() == "0004_fault_fields"
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0008_node_tokens"
     assert "labels" in {col["name"] for col in inspect(s.engine).get_columns("sandboxes")}
     s.add_event("sb_x", {"event": "state"})
     s.close()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from sbx.runtime import seccomp
-from sbx.runtime.oci import MASKED_PATHS, ContainerSpec, build_config
+from sbx.runtime.oci import MASKED_PATHS, ContainerSpec, build_config, mount_targets
 
 
 def _rules(profile: dict) -> dict[str, list[dict]]:  # type: ignore[type-arg]
@@ -64,3 +67,26 @@ def test_build_config_carries_the_profile_and_masks() -> None:
         assert path in masked
     # the sandbox's own net.* sysctls stay writable: /proc/sys is not made read-only as a whole
     assert "/proc/sys" not in cfg["linux"]["readonlyPaths"]
+
+
+def test_sysfs_masks_are_binds_of_an_empty_dir_when_given_one(tmp_path: Path) -> None:
+    """With a mask dir, each masked directory under /sys that exists on this host is a read-only bind of it (no
+    tmpfs for CRIU to tar at every dump and restore); files and /proc paths stay runc masks."""
+    empty = tmp_path / "masked"
+    empty.mkdir()
+    cfg = build_config(ContainerSpec(hostname="h", memory_bytes=1 << 28, vcpus=1, cpuset_cpus="0",
+                                     cgroup_path="/sbx/n/sb_x", mask_dir=str(empty)))
+    binds = [m for m in cfg["mounts"] if m.get("source") == str(empty)]
+    dirs = [p for p in MASKED_PATHS if p.startswith("/sys/") and os.path.isdir(p)]
+    assert [m["destination"] for m in binds] == dirs
+    assert "/sys/block" in dirs  # this host has one, and it is what names every sandbox's disk
+    for m in binds:
+        assert m["type"] == "bind" and {"ro", "nosuid", "nodev", "noexec"} <= set(m["options"])
+    masked = cfg["linux"]["maskedPaths"]
+    assert sorted(masked + dirs) == sorted(MASKED_PATHS)
+    assert "/proc/cmdline" in masked and "/proc/acpi" in masked and "/sys/kernel/vmcoreinfo" in masked
+    names = [m["destination"] for m in cfg["mounts"]]
+    assert names.index("/sys/block") > names.index("/sys")  # over the sandbox's sysfs
+    # runc's restore makes bind targets on the disk itself (covered by sysfs later): precreated for it
+    targets = dict(mount_targets(cfg))
+    assert targets["/sys/block"] is False and "/sys/fs/cgroup" not in targets

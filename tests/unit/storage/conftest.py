@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from storage_helpers import HOME
 
 from sbx.config import Settings
 from sbx.storage import disk, mounts, volume
 
-HOME = Path("/var/lib/sbx-storagetest")
 MiB = 1024 * 1024
 
 

@@ -6,7 +6,12 @@ import hashlib
 import os
 from pathlib import Path
 
+from tests.slots import slot
+
 MiB = 1024 * 1024
+HOME = Path("/var/lib/sbx-storagetest" + (f"-s{slot()}" if slot() else ""))
+"""Where the storage tests make their volumes; moved per test slot (:mod:`tests.slots`) so two runs (or xdist
+workers) never share one."""
 
 
 def used_bytes(path: Path) -> int:

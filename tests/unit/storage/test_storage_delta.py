@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import MiB, sha256, write_random
+from storage_helpers import HOME, MiB, sha256, write_random
 
 from sbx.config import Settings
 from sbx.storage import delta, disk, reflink, space, volume
@@ -17,7 +17,7 @@ from sbx.storage.errors import StorageError
 @pytest.fixture(scope="module")
 def other_vol(vol: Path) -> Iterator[Path]:
     """A second, separate reflink volume (another filesystem: physical block numbers mean nothing there)."""
-    s = Settings(home=Path("/var/lib/sbx-storagetest/sbx-storagetest-other"), volume_size_gib=4, node_name="o")
+    s = Settings(home=HOME / "sbx-storagetest-other", volume_size_gib=4, node_name="o")
     volume.ensure_volume(s)
     try:
         yield s.node_dir

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from storage_helpers import HOME
 
 from sbx.config import Settings
 from sbx.storage import mounts, reflink, volume
@@ -30,7 +31,7 @@ def test_volume_is_mounted_xfs_with_reflink(vol: Path, settings: Settings) -> No
 
 
 def test_volume_is_remounted_not_remade_and_grows(vol: Path) -> None:
-    other = Settings(home=Path("/var/lib/sbx-storagetest/sbx-storagetest-v2"), volume_size_gib=1, node_name="n")
+    other = Settings(home=HOME / "sbx-storagetest-v2", volume_size_gib=1, node_name="n")
     try:
         path = volume.ensure_volume(other)
         (path / "images" / "marker").write_text("kept")
@@ -59,7 +60,7 @@ def test_volume_is_remounted_not_remade_and_grows(vol: Path) -> None:
 
 
 def test_volume_refuses_a_backing_file_with_another_filesystem(vol: Path) -> None:
-    other = Settings(home=Path("/var/lib/sbx-storagetest/sbx-storagetest-v3"), volume_size_gib=1)
+    other = Settings(home=HOME / "sbx-storagetest-v3", volume_size_gib=1)
     try:
         other.home.mkdir(parents=True)
         subprocess.run(["mkfs.ext4", "-q", "-F", str(other.volume_backing), "64M"], check=True, capture_output=True)
@@ -73,12 +74,12 @@ def test_volume_refuses_a_backing_file_with_another_filesystem(vol: Path) -> Non
 
 
 def test_status_of_a_missing_volume() -> None:
-    st = volume.volume_status(Settings(home=Path("/var/lib/sbx-storagetest/sbx-storagetest-none")))
+    st = volume.volume_status(Settings(home=HOME / "sbx-storagetest-none"))
     assert st["mounted"] is False and st["reflink"] is False and st["size_bytes"] == 0
 
 
 def test_host_ext4_has_no_reflink_and_clone_never_copies(vol: Path) -> None:
-    d = Path("/var/lib/sbx-storagetest/sbx-storagetest-ext4")
+    d = HOME / "sbx-storagetest-ext4"
     d.mkdir(parents=True, exist_ok=True)
     try:
         assert not reflink.supports_reflink(d)

@@ -1,0 +1,186 @@
+"""``sbx node ...``: the node agent of one host as its own process (issue 10).
+
+``sbx node serve`` runs this host's node agent (sandboxes, disks, network) with its own HTTP API on
+``--host``/``--port`` (settings ``node_host``/``node_port``, default 127.0.0.1:7700), authenticated with the node
+token (``SBX_NODE_TOKEN``, or one it makes in ``<state_dir>/node-token``). A server reaches it with
+``SBX_NODE_URL=http://HOST:PORT SBX_NODE_TOKEN=... sbx server``. ``sbx node list [--json]``, ``sbx node cordon NODE``
+and ``sbx node uncordon NODE`` ask the server about its registry (:mod:`sbx.control.registry`); ``sbx node add URL
+--token T`` and ``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.noderouter`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import typer
+
+from sbx.cli.admin import SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
+from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, print_json, print_table
+from sbx.config import load_settings
+from sbx.sdk import protocol as P
+
+app = typer.Typer(help="This host's node agent (several nodes).", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve(
+    host: str = typer.Option(None, "--host", help="Listen address (default from settings: 127.0.0.1)."),
+    port: int = typer.Option(None, "--port", help="Listen port (default from settings: 7700)."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run this host's node agent with its HTTP API for servers (SIGTERM stops it; sandboxes keep running)."""
+    import uvicorn
+
+    from sbx.node.agent import LocalNode  # the real node: imported only here
+    from sbx.node.remote.server import create_node_app
+    from sbx.node.remote.wire import ensure_node_token, node_token_path
+
+    overrides: dict[str, Any] = {}
+    if host:
+        overrides["node_host"] = host
+    if port:
+        overrides["node_port"] = port
+    settings = load_settings(**overrides)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = ensure_node_token(settings)
+    node = LocalNode(settings)
+    try:
+        node.prepare(progress=_progress)
+        # a restarted agent puts its own sandboxes in order first: an operation it was killed in is finished or
+        # undone, and the network pins of the sandboxes that kept running are loaded again
+        node.reconcile(node.recorded())
+    except Exception as e:  # host checks, volume, image, network: report, don't trace
+        raise _host_failure(e) from None
+    # the port relay listens next to the node API (node_port + 1): the servers' proxies reach hosted ports there
+    app_ = create_node_app(node, token, settings.node_name, relay=(settings.node_host, settings.node_port + 1))
+    where = "SBX_NODE_TOKEN" if settings.node_token else str(node_token_path(settings.state_dir))
+    err.print(f"sbx node {settings.node_name} on http://{settings.node_host}:{settings.node_port} "
+              f"(node token: {where})", markup=False)
+    config = uvicorn.Config(app_, host=settings.node_host, port=settings.node_port, log_level=log_level,
+                            lifespan="on", timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5,
+                            access_log=False)
+    _uvicorn_server(config, on_exit=lambda: node.begin_shutdown(SHUTDOWN_GRACE)).run()
+    if node.cleanup_host():
+        err.print(f"removed {settings.bridge}, the nftables table and /run/sbx/{settings.node_name}", markup=False)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+@app.command("list")
+@handle_errors
+def list_(json_: bool = JSON_OPT) -> None:
+    """The nodes the servers heartbeat: STATUS is ready, cordoned or unreachable (no heartbeat answered for
+    SBX_NODE_UNREACHABLE_SECONDS); MEMORY, DISK FREE and VCPUS are its capacity, LOAD its 1-minute load."""
+    with client() as c:
+        items = c.run(P.nodes())
+    if json_:
+        print_json({"nodes": items})
+        return
+    print_table(("NAME", "STATUS", "SANDBOXES", "MEMORY", "DISK FREE", "VCPUS", "LOAD", "CPU", "URL"),
+                ((n["name"], n["status"], str(n["sandboxes"]), f"{n['capacity']['memoryMiB']} MiB",
+                  _gib(n["capacity"]["diskFreeBytes"]), str(n["capacity"]["vcpus"]), f"{n['load']['load1']:.2f}",
+                  n["fingerprint"].get("cpuModel", ""), n["url"]) for n in items))
+
+
+@app.command("add")
+@handle_errors
+def add(
+    url: str = typer.Argument(..., help="The node agent's URL (`sbx node serve` on that host: http://HOST:7700)."),
+    token: str = typer.Option(..., "--token", help="Its node token (SBX_NODE_TOKEN there, or its "
+                                                   "<state dir>/node-token)."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Add a node agent to the nodes every server replica drives (new sandboxes may go there)."""
+    with client() as c:
+        node = c.run(P.add_node(url, token))
+    if json_:
+        print_json({"node": node})
+        return
+    out.print(f"added {node['name']} ({node['url']}, {node['status']})", markup=False)
+
+
+@app.command("remove")
+@handle_errors
+def remove(name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`).")) -> None:
+    """Stop driving an added node (it must hold no sandbox)."""
+    with client() as c:
+        c.run(P.remove_node(name))
+    out.print(f"removed {name}", markup=False)
+
+
+@app.command("cordon")
+@handle_errors
+def cordon(name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`).")) -> None:
+    """Place no new sandbox on NODE; the sandboxes it holds keep running."""
+    with client() as c:
+        c.run(P.cordon(name, True))
+    out.print(f"cordoned {name}", markup=False)
+
+
+@app.command("uncordon")
+@handle_errors
+def uncordon(name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`).")) -> None:
+    """Let new sandboxes go to NODE again."""
+    with client() as c:
+        c.run(P.cordon(name, False))
+    out.print(f"uncordoned {name}", markup=False)
+
+
+def _drain_line(item: dict[str, Any]) -> str:
+    """One sandbox of a drain as the CLI prints it."""
+    what = {"migrate": "migrated (running)", "move": "moved (stopped)", "none": "left"}.get(item["action"], "")
+    if item["status"] == "done":
+        pause = f", paused {item['pauseS']:.2f} s" if item.get("pauseS") is not None else ""
+        return f"{item['id']}  {what} {item['from']} -> {item['to']} in {item['seconds'] or 0:.2f} s{pause}"
+    if item["status"] == "failed":
+        e = item["error"] or {}
+        return f"{item['id']}  stays on {item['from']}: {e.get('code', 'failed')}: {e.get('message', '')}"
+    if item["status"] == "gone":
+        return f"{item['id']}  deleted meanwhile"
+    return f"{item['id']}  {item['status']} ({item['action']})"
+
+
+@app.command("drain")
+@handle_errors
+def drain(
+    name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`)."),
+    wait: bool = typer.Option(False, "--wait", help="Show each sandbox as it moves and wait for the end."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Cordon NODE and move every sandbox off it: running ones by live migration (same id, URL, processes and
+    memory; their users see a short pause), stopped ones with their disk and memory image. Placement picks where
+    each goes; a sandbox no other node can take stays (insufficient_capacity). Exits 1 when the node is not empty
+    at the end (with --wait)."""
+    import time
+
+    with client() as c:
+        d = c.run(P.drain(name))
+        if wait:
+            if not json_:
+                out.print(f"draining {name}: {len(d['sandboxes'])} sandboxes to move"
+                          if d["sandboxes"] else f"draining {name}: nothing to move", markup=False)
+            shown: set[str] = set()
+            while True:
+                for item in d["sandboxes"]:
+                    if item["status"] in ("done", "failed", "gone") and item["id"] not in shown:
+                        shown.add(item["id"])
+                        if not json_:
+                            out.print(_drain_line(item), markup=False)
+                if d["state"] == "done":
+                    break
+                time.sleep(0.5)
+                d = c.run(P.drain_status(name))
+    if json_:
+        print_json({"drain": d})
+    elif not wait:
+        out.print(f"draining {name} (cordoned): {len(d['sandboxes'])} sandboxes to move; "
+                  f"`sbx node drain {name} --wait` follows it", markup=False)
+    else:
+        out.print(f"{name} is empty (still cordoned)" if d["empty"] else
+                  f"{name} is not empty: {sum(1 for i in d['sandboxes'] if i['status'] == 'failed')} sandboxes "
+                  "stay", markup=False)
+    if wait and not d["empty"]:
+        raise typer.Exit(1)

@@ -1,0 +1,459 @@
+"""Secrets for the credential proxy: values stored encrypted, bound to sandboxes, injected on the way out.
+
+A sandbox never holds a secret. It sends a placeholder (``sbx-secret:NAME``) or nothing, and the node's egress
+proxy (:mod:`sbx.node.egressproxy`) asks :meth:`Secrets.resolve` what to do with each request: a secret's
+**rules** name the hosts it may go to (exact ``api.example.com`` or ``*.example.com``, which matches any
+subdomain but not ``example.com`` itself), optionally a path prefix and methods, and one **action**:
+
+- ``header``: set header ``header`` to ``value`` with ``{secret}`` replaced (``Authorization: Bearer {secret}``);
+- ``basic``: set ``Authorization: Basic base64(username:secret)``;
+- ``replace``: replace the placeholder ``sbx-secret:NAME`` in headers, query and a body of at most 1 MiB.
+
+A request that no rule of a bound secret names gets nothing: its placeholder passes unchanged.
+
+At rest, values are AES-256-GCM ciphertext (``cryptography``'s AEAD) with a 96-bit random nonce, bound to
+``account/name/version`` as associated data, under a key kept outside the database: ``<state_dir>/secrets.key``
+(32 random bytes, mode 0600, made on first use). A database dump alone reveals names and rules, never values.
+Each injection is recorded in ``secret_uses`` (time, sandbox, host, method, path, status): :meth:`Secrets.log`.
+A new value (:meth:`Secrets.put` again) takes effect on the next request: the proxy asks for every request.
+
+Secrets belong to an account (``account_id``, given by the API layer). Errors are :class:`ControlError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import os
+import re
+import secrets as _random
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from sbx.control.errors import ControlError, not_found
+from sbx.control.store import Base, iso, utcnow
+from sbx.node.types import NodeError
+
+if TYPE_CHECKING:
+    from sbx.control.service import ControlPlane
+
+SECRET_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+"""Secret names: a letter, then up to 62 letters, digits, ``_`` or ``-``."""
+VALUE_MAX_BYTES = 64 * 1024
+"""Largest secret value, in UTF-8 bytes."""
+PLACEHOLDER_PREFIX = "sbx-secret:"
+"""A sandbox writes ``sbx-secret:NAME`` where the value of secret NAME should go (action ``replace``)."""
+ACTIONS = ("header", "basic", "replace")
+
+
+class SecretRow(Base):
+    """A secret: ``ciphertext`` is ``base64(nonce + AES-GCM ciphertext)``; ``rules`` the list of rule dicts
+    (:func:`normalise_rules`); ``version`` grows with each new value."""
+
+    __tablename__ = "secrets"
+
+    id: Mapped[str] = mapped_column(String(24), primary_key=True)
+    account_id: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    ciphertext: Mapped[str] = mapped_column(Text)
+    rules: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BindingRow(Base):
+    """Sandbox ``sandbox_id`` may use secret ``secret_id``."""
+
+    __tablename__ = "secret_bindings"
+
+    sandbox_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    secret_id: Mapped[str] = mapped_column(String(24), primary_key=True)
+    account_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class UseRow(Base):
+    """One request the proxy injected secret ``secret_id`` into; ``status`` is the upstream's HTTP status (None
+    when the upstream never answered)."""
+
+    __tablename__ = "secret_uses"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    secret_id: Mapped[str] = mapped_column(String(24), index=True)
+    account_id: Mapped[str] = mapped_column(String(64))
+    sandbox_id: Mapped[str] = mapped_column(String(16))
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    host: Mapped[str] = mapped_column(String(255))
+    method: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(Text)
+    status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+def load_key(path: Path) -> bytes:
+    """The 32-byte key at ``path``, made (random, mode 0600, parent 0700) when missing. The file is created with
+    ``O_EXCL`` so two starting servers can't write two keys; a short or unreadable file raises ``OSError``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            data = path.read_bytes()
+        else:
+            key = _random.token_bytes(32)
+            with os.fdopen(fd, "wb") as f:
+                f.write(key)
+                f.flush()
+                os.fsync(f.fileno())
+            return key
+    if len(data) != 32:
+        raise OSError(f"{path}: a secrets key is 32 bytes, this file holds {len(data)}")
+    return data
+
+
+def _aad(account_id: str, name: str, version: int) -> bytes:
+    return f"{account_id}/{name}/{version}".encode()
+
+
+def seal(key: bytes, value: str, aad: bytes) -> str:
+    """``base64(nonce + ciphertext)`` of ``value`` under ``key`` (AES-256-GCM, random 96-bit nonce)."""
+    nonce = _random.token_bytes(12)
+    return base64.b64encode(nonce + AESGCM(key).encrypt(nonce, value.encode(), aad)).decode()
+
+
+def unseal(key: bytes, blob: str, aad: bytes) -> str:
+    """The value :func:`seal` sealed; raises ``cryptography.exceptions.InvalidTag`` when key, data or ``aad``
+    differ."""
+    raw = base64.b64decode(blob)
+    return AESGCM(key).decrypt(raw[:12], raw[12:], aad).decode()
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """``pattern`` is ``api.example.com`` (that host only) or ``*.example.com`` (any name below example.com, not
+    example.com itself); both sides are compared lowercase, without a trailing dot."""
+    pattern, host = pattern.lower().rstrip("."), host.lower().rstrip(".")
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
+    return host == pattern
+
+
+def rule_matches(rule: dict[str, Any], host: str, method: str, path: str) -> bool:
+    """True when ``rule`` (a :func:`normalise_rules` dict) names this request: a host pattern matches, the path
+    starts with ``path_prefix`` (when set) and the method is listed (when ``methods`` is set)."""
+    if not any(host_matches(p, host) for p in rule["hosts"]):
+        return False
+    if rule.get("path_prefix") and not path.startswith(rule["path_prefix"]):
+        return False
+    methods = rule.get("methods") or []
+    return not methods or method.upper() in methods
+
+
+def _bad_rules(message: str) -> ControlError:
+    return ControlError("invalid_rules", message, 400, field="rules")
+
+
+_HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def normalise_rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Check and normalise rule dicts ``{hosts, path_prefix?, methods?, action, header?, value?, username?}``:
+    host patterns lowercase (exact or ``*.domain``; an IP address, a bare ``*`` or a single label is refused: the
+    proxy checks names against the upstream's certificate), methods uppercase, a
+    ``header`` action needs a header name and a ``value`` holding ``{secret}``, ``basic`` a ``username``.
+    Raises 400 ``invalid_rules`` naming what is wrong."""
+    out = []
+    for i, r in enumerate(rules):
+        if not all(_utf8(str(v)) for v in r.values() if v is not None):
+            raise _bad_rules(f"rule {i}: text that is not valid Unicode (a lone surrogate)")
+        hosts = [str(h).strip().lower().rstrip(".") for h in r.get("hosts") or []]
+        if not hosts:
+            raise _bad_rules(f"rule {i}: name at least one host")
+        for h in hosts:
+            if not _HOST_RE.match(h) or len(h) > 253 or "." not in h.removeprefix("*.") or _is_ip(h):
+                raise _bad_rules(f"rule {i}: {h[:80]!r} is not a host name or *.domain pattern")
+        action = r.get("action") or "replace"
+        if action not in ACTIONS:
+            raise _bad_rules(f"rule {i}: action is one of {', '.join(ACTIONS)}")
+        rule: dict[str, Any] = {"hosts": hosts, "action": action,
+                                "path_prefix": r.get("path_prefix") or None,
+                                "methods": sorted({str(m).upper() for m in r.get("methods") or []})}
+        if rule["path_prefix"] is not None and not str(rule["path_prefix"]).startswith("/"):
+            raise _bad_rules(f"rule {i}: a path prefix starts with '/'")
+        if action == "header":
+            header, value = r.get("header") or "", r.get("value") or ""
+            if not _HEADER_RE.match(header):
+                raise _bad_rules(f"rule {i}: {header[:80]!r} is not a header name")
+            if "{secret}" not in value or any(c in value for c in "\r\n\0"):
+                raise _bad_rules(f"rule {i}: the header value must hold {{secret}} and no line break")
+            rule.update(header=header, value=value)
+        elif action == "basic":
+            username = r.get("username") or ""
+            if not username or ":" in username or any(c in username for c in "\r\n\0"):
+                raise _bad_rules(f"rule {i}: basic auth needs a username without ':'")
+            rule["username"] = username
+        out.append(rule)
+    return out
+
+
+def check_name(name: str) -> None:
+    """Raise 400 ``invalid_name`` unless ``name`` matches :data:`SECRET_NAME_RE`."""
+    if not SECRET_NAME_RE.match(name):
+        raise ControlError("invalid_name", "secret names are a letter then up to 62 letters, digits, '_' or '-'",
+                           400, field="name")
+
+
+class Secrets:
+    """Secrets, bindings and their audit for one control plane (``cp``): the store, the key at
+    ``<state_dir>/secrets.key``, and the node, which learns which sandboxes to send through its egress proxy
+    (``node.set_egress_proxy``)."""
+
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self.store = cp.store
+        self._key: bytes | None = None
+        self._key_lock = threading.Lock()
+
+    @property
+    def key(self) -> bytes:
+        with self._key_lock:
+            if self._key is None:
+                self._key = load_key(self.cp.settings.state_dir / "secrets.key")
+            return self._key
+
+    # views -----------------------------------------------------------------------------------------------------
+    def view(self, row: SecretRow) -> dict[str, Any]:
+        """API shape (never the value): name, version, rules (camelCase), placeholder, sandboxes bound, times."""
+        with self.store.session() as s:
+            bound = list(s.scalars(select(BindingRow.sandbox_id).where(BindingRow.secret_id == row.id)
+                                   .order_by(BindingRow.created_at)))
+        return {
+            "name": row.name,
+            "version": row.version,
+            "placeholder": PLACEHOLDER_PREFIX + row.name,
+            "rules": [{"hosts": r["hosts"], "pathPrefix": r.get("path_prefix"), "methods": r.get("methods") or [],
+                       "action": r["action"], "header": r.get("header"), "value": r.get("value"),
+                       "username": r.get("username")} for r in row.rules],
+            "sandboxes": bound,
+            "createdAt": iso(row.created_at),
+            "updatedAt": iso(row.updated_at),
+        }
+
+    def _row(self, account_id: str, name: str) -> SecretRow:
+        with self.store.session() as s:
+            row = s.scalar(select(SecretRow).where(SecretRow.account_id == account_id, SecretRow.name == name))
+        if row is None:
+            raise not_found(f"secret {name}")
+        return row
+
+    # secrets ---------------------------------------------------------------------------------------------------
+    def put(self, account_id: str, name: str, value: str, rules: list[dict[str, Any]] | None) -> SecretRow:
+        """Create secret ``name`` or give it a new ``value`` (rotation: version + 1, in effect for the next proxied
+        request). ``rules`` replace the old ones when given; a new secret needs at least one. Raises 400
+        ``invalid_name`` / ``invalid_value`` (empty, over :data:`VALUE_MAX_BYTES`, NUL) / ``invalid_rules``, 404
+        ``not_found`` for a value without rules when the secret does not exist."""
+        check_name(name)
+        if not value or not _utf8(value) or len(value.encode()) > VALUE_MAX_BYTES or "\0" in value:
+            raise ControlError("invalid_value", f"a secret value is 1 to {VALUE_MAX_BYTES} bytes without NUL", 400,
+                               field="value")
+        norm = normalise_rules(rules) if rules is not None else None
+        now = utcnow()
+        with self.store.session() as s, s.begin():
+            row = s.scalar(select(SecretRow).where(SecretRow.account_id == account_id, SecretRow.name == name))
+            if row is None:
+                if norm is None:  # a rotation of a secret that does not exist
+                    raise ControlError("not_found", f"secret {name} not found (a new secret needs rules: --host)",
+                                       404)
+                if not norm:
+                    raise _bad_rules("a new secret needs at least one rule naming where it may go (--host)")
+                row = SecretRow(id="sec_" + _random.token_hex(8), account_id=account_id, name=name, version=1,
+                                rules=norm, created_at=now, updated_at=now,
+                                ciphertext=seal(self.key, value, _aad(account_id, name, 1)))
+                s.add(row)
+            else:
+                row.version += 1
+                row.ciphertext = seal(self.key, value, _aad(account_id, name, row.version))
+                if norm:
+                    row.rules = norm
+                row.updated_at = now
+        return row
+
+    def get(self, account_id: str, name: str) -> SecretRow:
+        """The secret row; 404 ``not_found``."""
+        return self._row(account_id, name)
+
+    def all(self, account_id: str) -> list[SecretRow]:
+        """The account's secrets by name."""
+        with self.store.session() as s:
+            return list(s.scalars(select(SecretRow).where(SecretRow.account_id == account_id)
+                                  .order_by(SecretRow.name)))
+
+    def remove(self, account_id: str, name: str) -> None:
+        """Delete the secret, its bindings (the proxy stops injecting it at once) and its audit; 404 if absent."""
+        row = self._row(account_id, name)
+        with self.store.session() as s, s.begin():
+            sandboxes = list(s.scalars(select(BindingRow.sandbox_id).where(BindingRow.secret_id == row.id)))
+            s.execute(delete(BindingRow).where(BindingRow.secret_id == row.id))
+            s.execute(delete(UseRow).where(UseRow.secret_id == row.id))
+            s.execute(delete(SecretRow).where(SecretRow.id == row.id))
+        for sid in sandboxes:
+            self._sync_node(sid)
+
+    # bindings --------------------------------------------------------------------------------------------------
+    def names(self, account_id: str, names: list[str]) -> list[SecretRow]:
+        """The rows of ``names`` (for create/fork, before anything is made); 404 for the first unknown one, 409
+        ``egress_proxy_unavailable`` when the node has no proxy."""
+        if names:
+            self._require_proxy()
+        return [self._row(account_id, n) for n in dict.fromkeys(names)]
+
+    def bind(self, account_id: str, sandbox_id: str, name: str) -> list[str]:
+        """Let sandbox ``sandbox_id`` use secret ``name`` (idempotent); its outbound HTTP(S) goes through the
+        node's egress proxy from now on. Returns the sandbox's bound secret names. 404 for either."""
+        self.cp.get(sandbox_id)
+        row = self._row(account_id, name)
+        self._require_proxy()
+        with self.store.session() as s, s.begin():
+            if s.get(BindingRow, (sandbox_id, row.id)) is None:
+                s.add(BindingRow(sandbox_id=sandbox_id, secret_id=row.id, account_id=account_id,
+                                 created_at=utcnow()))
+        self._sync_node(sandbox_id)
+        return self.bound(account_id, sandbox_id)
+
+    def unbind(self, account_id: str, sandbox_id: str, name: str) -> list[str]:
+        """Take secret ``name`` away from the sandbox (the next request no longer gets it); a sandbox left with no
+        binding leaves the proxy (end-to-end TLS again). 404 when the sandbox, the secret or the binding is
+        unknown."""
+        self.cp.get(sandbox_id)
+        row = self._row(account_id, name)
+        with self.store.session() as s, s.begin():
+            found = s.get(BindingRow, (sandbox_id, row.id))
+            if found is None:
+                raise not_found(f"binding of secret {name} to {sandbox_id}")
+            s.delete(found)
+        self._sync_node(sandbox_id)
+        return self.bound(account_id, sandbox_id)
+
+    def bound(self, account_id: str, sandbox_id: str) -> list[str]:
+        """Names of the secrets bound to the sandbox, sorted."""
+        with self.store.session() as s:
+            q = (select(SecretRow.name).join(BindingRow, BindingRow.secret_id == SecretRow.id)
+                 .where(BindingRow.sandbox_id == sandbox_id, SecretRow.account_id == account_id)
+                 .order_by(SecretRow.name))
+            return list(s.scalars(q))
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        """Drop a deleted sandbox's bindings (its audit stays)."""
+        with self.store.session() as s, s.begin():
+            s.execute(delete(BindingRow).where(BindingRow.sandbox_id == sandbox_id))
+        self._sync_node(sandbox_id)
+
+    def _has_bindings(self, sandbox_id: str) -> bool:
+        with self.store.session() as s:
+            return s.scalar(select(BindingRow.secret_id).where(BindingRow.sandbox_id == sandbox_id)) is not None
+
+    def _sync_node(self, sandbox_id: str) -> None:
+        try:
+            self.cp.node.set_egress_proxy(sandbox_id, self._has_bindings(sandbox_id))
+        except NodeError as e:
+            raise ControlError(e.code, e.message, 409 if e.code == "egress_proxy_unavailable" else 502) from e
+
+    def _require_proxy(self) -> None:
+        if not self.cp.node.egress_ready():
+            raise ControlError("egress_proxy_unavailable", "this node runs no egress proxy, so secrets can't be "
+                               "bound (SBX_EGRESS_PROXY_PORT=0, or scripts/install.sh was not run)", 409)
+
+    def sync_all(self) -> None:
+        """Tell the node every sandbox with a binding (at server start: the node's redirect set starts empty)."""
+        with self.store.session() as s:
+            ids = sorted(set(s.scalars(select(BindingRow.sandbox_id))))
+        for sid in ids:
+            self.cp.node.set_egress_proxy(sid, True)
+
+    # the proxy's questions -------------------------------------------------------------------------------------
+    def resolve(self, sandbox_id: str, host: str, method: str, path: str) -> list[dict[str, Any]]:
+        """What the egress proxy does to a request of ``sandbox_id`` to ``host`` (the TLS server name the
+        upstream's certificate was checked against, or for plain HTTP a Host the destination address resolves
+        to): for each bound secret with a rule naming the request, ``{"secret": name, "action", "header"?,
+        "value": the text to insert}`` (``header``: the template filled in; ``basic``: the ``Basic ...``
+        credentials; ``replace``: ``placeholder`` and the value). ``[]`` when nothing applies."""
+        out: list[dict[str, Any]] = []
+        with self.store.session() as s:
+            q = (select(SecretRow).join(BindingRow, BindingRow.secret_id == SecretRow.id)
+                 .where(BindingRow.sandbox_id == sandbox_id).order_by(SecretRow.name))
+            rows = list(s.scalars(q))
+        for row in rows:
+            rule = next((r for r in row.rules if rule_matches(r, host, method, path)), None)
+            if rule is None:
+                continue
+            value = unseal(self.key, row.ciphertext, _aad(row.account_id, row.name, row.version))
+            if rule["action"] == "header":
+                out.append({"secret": row.name, "action": "header", "header": rule["header"],
+                            "value": rule["value"].replace("{secret}", value)})
+            elif rule["action"] == "basic":
+                creds = base64.b64encode(f"{rule['username']}:{value}".encode()).decode()
+                out.append({"secret": row.name, "action": "header", "header": "Authorization",
+                            "value": f"Basic {creds}"})
+            else:
+                out.append({"secret": row.name, "action": "replace", "placeholder": PLACEHOLDER_PREFIX + row.name,
+                            "value": value})
+        return out
+
+    def record(self, sandbox_id: str, names: list[str], host: str, method: str, path: str,
+               status: int | None) -> None:
+        """Audit one proxied request that carried the bound secrets ``names``."""
+        at = utcnow()
+        with self.store.session() as s, s.begin():
+            q = (select(SecretRow).join(BindingRow, BindingRow.secret_id == SecretRow.id)
+                 .where(BindingRow.sandbox_id == sandbox_id, SecretRow.name.in_(names)))
+            for row in s.scalars(q):
+                s.add(UseRow(secret_id=row.id, account_id=row.account_id, sandbox_id=sandbox_id, at=at,
+                             host=host[:255], method=method[:16], path=path[:2048], status=status))
+
+    def log(self, account_id: str, name: str, limit: int = 100) -> list[dict[str, Any]]:
+        """The secret's most recent uses, oldest first: ``{at, sandbox, host, method, path, status}``."""
+        row = self._row(account_id, name)
+        with self.store.session() as s:
+            uses = list(s.scalars(select(UseRow).where(UseRow.secret_id == row.id)
+                                  .order_by(UseRow.seq.desc()).limit(limit)))
+        return [{"at": iso(u.at), "sandbox": u.sandbox_id, "host": u.host, "method": u.method, "path": u.path,
+                 "status": u.status} for u in reversed(uses)]
+
+    def handle(self, sandbox_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        """One question from the egress proxy (:mod:`sbx.node.egressproxy`'s control socket): ``{"op":
+        "resolve", host, method, path}`` answers ``{"actions": [...]}``; ``{"op": "used", secrets, host, method,
+        path, status}`` records the use and answers ``{}``."""
+        op = message.get("op")
+        host, method, path = str(message.get("host", "")), str(message.get("method", "")), str(message.get("path", ""))
+        if op == "resolve":
+            return {"actions": self.resolve(sandbox_id, host, method, path)}
+        if op == "used":
+            status = message.get("status")
+            self.record(sandbox_id, [str(n) for n in message.get("secrets") or []], host, method, path,
+                        int(status) if isinstance(status, int) else None)
+            return {}
+        return {"error": f"unknown op {op!r}"}

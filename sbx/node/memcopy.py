@@ -1,0 +1,151 @@
+"""A sandbox started from another one's memory: :class:`MemoryCopyMixin`.
+
+Two things start a new sandbox from a memory image that was not its own: a memory template
+(:mod:`sbx.node.templates`) and a fork with memory (:meth:`MemoryCopyMixin.fork_memory`). Both restore into a new
+record (its own network lease, uid range and id, phase ``creating`` until it runs, so a crash leaves nothing a
+reconcile would keep) from the sandbox's own reflinked copy of the image, and give it its own identity:
+
+- before the restore: the disk is a reflink copy with a new ext4 UUID; hostname, ``/etc/hosts``, machine-id and
+  ``/etc/sbx/identity`` are written into it; the image is retargeted (:func:`sbx.runtime.criuimages.retarget`:
+  the user namespace's maps move to the new uid range, the UTS namespace gets the new hostname); the prestart hook
+  wires the fresh network namespace with the new IPv4 address and MAC (CRIU dumps with ``--empty-ns network``);
+- after the restore: the guest's ``sbx-identity.service`` runs again (new SSH host keys, since ``/etc/sbx/identity``
+  changed) and sshd restarts with them (it held the old keys in memory), in the background.
+
+The clock needs nothing: CRIU restores no time namespace, so the sandbox reads the host's clocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+from sbx.config import Size
+from sbx.node.agentbase import NodeBase
+from sbx.node.steps import Steps
+from sbx.node.types import NodeError, SandboxSpec
+from sbx.runtime import criuimages
+from sbx.runtime.base import RuntimeError_
+from sbx.runtime.runc import remove_tree
+from sbx.storage import disk as disks
+from sbx.storage.errors import StorageError
+
+log = logging.getLogger("sbx.node")
+
+def copy_image(src: Path, dst: Path, gid: int) -> None:
+    """Copy the memory image folder ``src`` to ``dst`` (reflinked file by file on the XFS volume: constant time)
+    and make ``dst`` group-owned by the sandbox's shifted ``gid``, mode 0750 (restored tasks open it as that gid).
+    Raises ``NodeError("restore_failed")``."""
+    remove_tree(dst)
+    p = subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(dst)], capture_output=True, text=True)
+    if p.returncode != 0:
+        remove_tree(dst)
+        raise NodeError("restore_failed", f"copying the memory image: {p.stderr.strip()}")
+    os.chown(dst, 0, gid)
+    dst.chmod(0o750 if gid else 0o700)
+
+
+class MemoryCopyMixin(NodeBase):
+    """Restore another sandbox's memory under a new identity (part of :class:`sbx.node.agent.LocalNode`)."""
+
+    def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool) -> None:
+        """Restore the image already copied to the sandbox's memory folder (dumped at uid base ``old_base``) into
+        the sandbox ``sid`` (record in phase ``creating``, disk in place) with its own identity (module
+        docstring); ``clear_tmp`` empties ``/tmp`` afterwards but for what systemd made there at boot
+        (``systemd-private-*``, ``.X11-unix``...; a cold boot has them too). On success the phase is ``running``.
+        Raises ``NodeError("restore_failed")`` with the container removed, the disk unmounted and the image gone."""
+        rec = self._record(sid)
+        hostname = rec["spec"]["hostname"]
+        st = Steps("restore-as-new", sid)
+        try:
+            self._mount(sid)
+            st.mark("mount")
+            self._write_identity(sid, hostname, fresh=True)
+            self._write_shutdown_hook(sid)
+            st.mark("identity")
+            criuimages.retarget(self._memory(sid), old_base=old_base, new_base=self._uid_base(sid), hostname=hostname)
+            criuimages.drop_time_namespace(self._memory(sid))
+            st.mark("retarget")
+            bundle = self._write_bundle(sid, rec, size)
+            st.mark("bundle")
+            self.runtime.restore(sid, bundle, self._memory(sid), self._dir(sid) / "criu-work")
+            st.mark("criu-restore")
+            self._mark_started(sid)
+            self._discard_memory(sid)
+            st.mark("discard")
+            self._after_restore(sid, clear_tmp)
+            st.mark("after-restore")
+        except (RuntimeError_, NodeError) as e:
+            self._cleanup_container(sid)
+            self._umount(sid)
+            self._discard_memory(sid)
+            raise NodeError("restore_failed", e.detail if isinstance(e, RuntimeError_) else e.message) from e
+        self._set_phase(sid, "running", size=size.name, systemState="running")
+        st.mark("phase")
+        st.done()
+
+    def _after_restore(self, sid: str, clear_tmp: bool) -> None:
+        """In the restored sandbox: ``/tmp`` emptied when ``clear_tmp`` (but for what systemd made there at boot:
+        the PrivateTmp folders of running services are bound from there), then ``sbx-identity.service`` and
+        ``ssh.service`` restarted without waiting (``--no-block``): new SSH host keys (``ssh-keygen -A`` takes
+        ~0.4 s here, mostly RSA) and sshd running with them a moment after the sandbox answers. A template holds no
+        host keys and no running sshd (:mod:`sbx.node.templates`), so no sandbox ever serves another's key. One
+        ``runc exec``. Raises ``RuntimeError_``."""
+        script = "systemctl --no-block restart sbx-identity.service ssh.service"
+        if clear_tmp:
+            script = (r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' ! -name '.*-unix' "
+                      rf"-exec rm -rf {{}} +; {script}")
+        self.runtime.run(sid, ["/bin/sh", "-c", script], timeout=60)
+
+    def fork_memory(self, source_id: str, spec: SandboxSpec) -> None:
+        """Fork the running sandbox ``source_id`` with its memory: the source is paused (cgroup freezer) while its
+        disk is reflinked (frozen filesystem) and its memory dumped (``checkpoint --leave-running``), then goes on
+        with the same PIDs; ``spec`` is restored from that dump on the copy, with its own identity (module
+        docstring). Disk and memory are of the same instant, since no task of the source runs between the two.
+
+        Raises ``NodeError``: ``not_found``, ``not_running`` (the source is not running), ``fork_failed`` (the copy
+        or the dump failed; the source runs on), ``restore_failed``."""
+        self._record(source_id)
+        st = Steps("fork-memory", spec.id)
+        with self._lock(spec.id):
+            self._new_record(spec, forkedFrom=source_id, startedFrom="memory")
+            st.mark("record")
+            mem = self._memory(spec.id)
+            with self._lock(source_id):
+                self._require_running(source_id)
+                old_base = self._uid_base(source_id)
+                # CRIU can't dump a connection to the host: shut the exec channel's ones first (sbx.node.execchannel)
+                self._quiesce_channel(source_id)
+                try:
+                    self.runtime.pause(source_id)
+                except RuntimeError_ as e:
+                    self._channel_resume(source_id)
+                    raise NodeError("fork_failed", e.detail) from e
+                st.mark("quiesce+pause")
+                try:
+                    self._clone_live(source_id, self._disk(spec.id))
+                    st.mark("clone-disk")
+                    self.runtime.checkpoint(source_id, mem, self._dir(spec.id) / "criu-work",
+                                            image_gid=self._uid_base(spec.id), leave_running=True)
+                    st.mark("checkpoint")
+                except (StorageError, RuntimeError_) as e:
+                    self._discard_memory(spec.id)
+                    raise NodeError("fork_failed", e.detail if isinstance(e, RuntimeError_) else str(e)) from e
+                finally:
+                    try:
+                        self.runtime.unpause(source_id)
+                    except RuntimeError_ as e:
+                        log.error("%s stays paused after the fork's dump: %s", source_id, e.detail)
+                    self._channel_resume(source_id)
+                    st.mark("unpause")
+            if spec.size.disk_mib > self._disk(spec.id).stat().st_size >> 20:
+                try:
+                    disks.grow(self._disk(spec.id), spec.size.disk_mib)
+                except StorageError as e:
+                    raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
+            st.mark("grow")
+            self._restore_as_new(spec.id, spec.size, old_base=old_base, clear_tmp=False)
+            st.mark("restore-as-new")
+            st.done()

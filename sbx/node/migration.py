@@ -1,0 +1,315 @@
+"""Live migration of a running sandbox to another node (issue 11), the source's side: :class:`MigrationMixin`,
+and :func:`migrate`, the caller's whole move (a control plane's ``migrate``/``drain`` calls it).
+
+The steps (the destination's side is :mod:`sbx.node.migration_in`):
+
+1. the caller asks the destination to prepare (``migrate_prepare``): a record ``incoming`` with an address of the
+   destination's subnet, a uid range, a one-time ticket, and the digest of its base image;
+2. the caller asks the source to move the sandbox there (``migrate_out`` with the destination's URL and the
+   ticket); data goes straight from node to node, never through the caller:
+   - pre-copy, while the sandbox runs: its disk is reflinked under ``fsfreeze`` and sent as a delta against the
+     base image (when both nodes hold the same one; else in full);
+   - freeze: the container is paused (cgroup freezer; from here on no task of it runs), its established TCP
+     connections are destroyed (``SOCK_DESTROY`` through ``ss -K``: each peer gets a reset at once), the disk is
+     reflinked again and sent as a delta against the pre-copy, and the memory dumped with ``runc checkpoint
+     --leave-running`` (the container stays paused) and streamed to the destination;
+   - the destination restores and pauses the copy; the source marks itself ``handover`` and tells it to go on;
+     once the destination confirms, the source deletes its copy.
+3. any failure before the confirmation: the destination's arrival is aborted (best effort; a destination that
+   is down removes it at its next start), the source's container is unpaused and the sandbox runs on with its
+   processes; ``migrate_out`` raises ``NodeError("migration_failed")`` saying which step failed and why.
+
+Memory is sent as one plain dump (not lazy pages, not pre-dumps): this kernel has no soft-dirty tracking, so
+CRIU's iterative pre-dump is impossible, and at 128 MiB the dump, transfer and restore together take about a
+second; ``docs/migration.md`` has the figures.
+
+The one uncertain moment is a confirmation whose answer is lost: the source then asks the destination where the
+sandbox stands (``running`` there: the source deletes its copy; still ``incoming`` or gone: the source takes it
+back) and, when the destination can't be reached, keeps its copy paused in phase ``handover`` and raises
+``NodeError("migration_unconfirmed")``: the sandbox never runs on two nodes at once. A source agent restarted in
+that phase asks the same question (:meth:`MigrationMixin._reconcile_migration`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from sbx.node.migration_in import IncomingMixin
+from sbx.node.remote import filestream
+from sbx.node.types import NodeError, NodeInfo, SandboxSpec
+from sbx.runtime.base import RuntimeError_
+from sbx.runtime.runc import remove_tree
+from sbx.storage import delta
+from sbx.storage import disk as disks
+from sbx.storage.errors import StorageError
+from sbx.storage.reflink import clone
+
+log = logging.getLogger("sbx.node")
+
+MIGRATING = "migrating"
+HANDOVER = "handover"
+CONNECT_TIMEOUT = 5.0
+TRANSFER_TIMEOUT = 300.0
+"""Seconds any one read or write of a node-to-node transfer may stall before the move fails."""
+
+
+class _Step(Exception):
+    """A failed step of a move: ``step`` names it, the message says why."""
+
+    def __init__(self, step: str, why: str):
+        super().__init__(f"{step}: {why}")
+        self.step = step
+
+
+def _destination(url: str, ticket: str) -> httpx.Client:
+    return httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {ticket}"},
+                        timeout=httpx.Timeout(TRANSFER_TIMEOUT, connect=CONNECT_TIMEOUT))
+
+
+def _answer(resp: httpx.Response, step: str) -> Any:
+    if resp.status_code >= 400:
+        try:
+            err = resp.json()["error"]
+            why = f"{err['code']}: {err['message']}"
+        except (ValueError, KeyError, TypeError):
+            why = f"HTTP {resp.status_code}"
+        raise _Step(step, f"the destination answered {why}")
+    return resp.json() if resp.content else None
+
+
+def reset_connections(init_pid: int) -> int:
+    """Destroy every connected TCP socket in the network namespace of ``init_pid`` (``ss -K``; the kernel's
+    ``SOCK_DESTROY``): the peer of each gets a reset at once, the sandbox's end reads ``ECONNABORTED`` or EOF.
+    Listening sockets stay. Returns how many sockets were destroyed (0 when ``ss`` can't: the dump then keeps
+    them with ``--tcp-established`` and the destination restores them closed)."""
+    p = subprocess.run(["nsenter", f"--net=/proc/{init_pid}/ns/net", "ss", "-K", "-t", "-n", "-H", "state",
+                        "connected"], capture_output=True, text=True, timeout=10)
+    return len([ln for ln in p.stdout.splitlines() if ln.strip()]) if p.returncode == 0 else 0
+
+
+class MigrationMixin(IncomingMixin):
+    """The source of a live migration (part of :class:`sbx.node.agent.LocalNode`); also a destination
+    (:class:`sbx.node.migration_in.IncomingMixin`)."""
+
+    def _freeze_clone(self, sid: str, dst: Path) -> None:
+        """Reflink the mounted disk to ``dst`` under ``fsfreeze`` (every acknowledged write is in the copy), keeping
+        its filesystem UUID (it is the same disk, moving). Records the ``freezing`` intent as
+        :meth:`sbx.node.snapshots.SnapshotMixin._clone_live` does. Raises ``StorageError``."""
+        mp = disks.mounted_at(self._disk(sid))
+        if mp is None:
+            raise StorageError("not_mounted", f"the disk of {sid} is not mounted")
+        self._set_phase(sid, self._record(sid)["phase"], freezing=str(mp))
+        try:
+            with disks.frozen(mp):
+                clone(self._disk(sid), dst, mode=0o600)
+        finally:
+            rec = self._record(sid)
+            rec.pop("freezing", None)
+            self._save(sid, rec)
+
+    def migrate_out(self, id: str, target: str, ticket: str, image: dict[str, str] | None = None) -> dict[str, Any]:
+        """Move the running sandbox ``id`` to the node at ``target`` (its API URL), which prepared for it and gave
+        ``ticket`` and its base image's ``{"name", "sha256"}`` (``migrate_prepare``). See the module docstring.
+
+        Returns figures: ``{"precopyS", "pauseS" (pause to the destination's confirmation), "dumpS" (pause to the
+        disk delta and memory image made), "freezeToSentS" (pause to everything sent),
+        "restoreS", "baseBytes", "finalBytes", "memoryBytes", "resetConnections", "fullDisk"}`` (seconds, bytes).
+        Afterwards the sandbox is gone from this node.
+
+        Raises ``NodeError``: ``not_found``, ``not_running``, ``migration_failed`` (the sandbox runs on here; the
+        message names the step: ``pre-copy``, ``freeze``, ``dump``, ``send``, ``restore``, ``confirm``),
+        ``migration_unconfirmed`` (the destination can't be asked whether it took over: the sandbox stays paused
+        here, never running on two nodes)."""
+        with self._lock(id):
+            self._require_running(id)
+            work = self._dir(id) / "migrate-out"
+            remove_tree(work)
+            work.mkdir(mode=0o700)
+            figures: dict[str, Any] = {}
+            http = _destination(target, ticket)
+            try:
+                return self._move(id, target, ticket, image, work, http, figures)
+            finally:
+                http.close()
+                remove_tree(work)
+
+    def _move(self, id: str, target: str, ticket: str, image: dict[str, str] | None, work: Path,
+              http: httpx.Client, figures: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.monotonic()
+        full = not image or image.get("sha256") != self.base_image_digest()["sha256"]
+        pre = work / "pre.ext4"
+        try:
+            self._freeze_clone(id, pre)
+            base = delta.export_delta(pre, None if full else self.image, work / "base.delta")
+            self._send(http, id, "base", [base.path])
+        except (StorageError, OSError, httpx.HTTPError, _Step) as e:
+            raise NodeError("migration_failed", f"pre-copy: {e}") from e
+        figures.update(precopyS=time.monotonic() - t0, baseBytes=base.file_bytes, fullDisk=full)
+
+        self._set_phase(id, MIGRATING, migratingTo=target)
+        self._quiesce_channel(id)  # CRIU can't dump a connection to the host
+        t_pause = time.monotonic()
+        try:
+            self.runtime.pause(id)
+        except RuntimeError_ as e:
+            self._take_back(id, http, unpause=False)
+            raise NodeError("migration_failed", f"freeze: {e.detail}") from e
+        try:
+            pid = self.runtime.init_pid(id)
+            figures["resetConnections"] = reset_connections(pid) if pid else 0
+            step = "dump"
+            self._freeze_clone(id, work / "final.ext4")
+            final = delta.export_delta(work / "final.ext4", pre, work / "final.delta")
+            mem = work / "memory"
+            self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True)
+            (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id)}))
+            figures["dumpS"] = time.monotonic() - t_pause
+            step = "send"
+            files = sorted(p for p in mem.iterdir() if p.is_file())
+            self._send(http, id, "final", [final.path])
+            self._send(http, id, "memory", files)
+            figures.update(finalBytes=final.file_bytes, memoryBytes=sum(p.stat().st_size for p in files),
+                           freezeToSentS=time.monotonic() - t_pause)
+            step = "restore"
+            figures["restoreS"] = (_answer(http.post(f"/v1/node/migrate/{id}/restore"), "restore") or {}).get(
+                "restoreS")
+        except (StorageError, OSError, RuntimeError_, httpx.HTTPError, _Step) as e:
+            why = e.detail if isinstance(e, RuntimeError_) else str(e)
+            log.warning("%s: migration to %s failed (%s), the sandbox runs on here", id, target, why)
+            self._take_back(id, http)
+            raise NodeError("migration_failed", f"{step}: {why}") from e
+        self._set_phase(id, HANDOVER, migratingTo=target, migrationTicket=ticket)
+        if not self._hand_over(id, http):
+            raise NodeError("migration_unconfirmed",
+                            f"the destination {target} restored sandbox {id} but can't be asked whether it took "
+                            "over; it stays paused here until the destination answers")
+        figures["pauseS"] = time.monotonic() - t_pause
+        return figures
+
+    def _send(self, http: httpx.Client, id: str, stage: str, files: list[Path]) -> None:
+        _answer(http.put(f"/v1/node/migrate/{id}/{stage}", content=filestream.pack(files),
+                         headers={"Content-Type": "application/octet-stream"}), f"sending {stage}")
+
+    def _take_back(self, id: str, http: httpx.Client | None, unpause: bool = True) -> None:
+        """The move failed before the destination took over: abort the arrival there (best effort), thaw the
+        container here, and let the sandbox run on (phase ``running``)."""
+        if http is not None:
+            try:
+                http.post(f"/v1/node/migrate/{id}/abort", timeout=10.0)
+            except httpx.HTTPError as e:
+                log.warning("%s: the destination could not be told to drop the arrival: %s", id, e)
+        if unpause and self.runtime.state(id) == "paused":
+            try:
+                self.runtime.unpause(id)
+            except RuntimeError_ as e:
+                log.error("%s stays paused after a failed migration: %s", id, e.detail)
+        self._channel_resume(id)
+        rec = self._record(id)
+        for key in ("migratingTo", "migrationTicket"):
+            rec.pop(key, None)
+        self._save(id, rec)
+        self._set_phase(id, "running")
+
+    def _hand_over(self, id: str, http: httpx.Client, wait: float = 15.0) -> bool:
+        """Tell the destination to go on and settle who runs the sandbox: True when the destination took over
+        (this node's copy is deleted), False when it can't be asked (the copy stays paused, phase ``handover``).
+        A destination that says it did not take over gets the sandbox back here (``migration_failed``)."""
+        deadline = time.monotonic() + wait
+        sent = False
+        while True:
+            try:
+                if not sent:
+                    _answer(http.post(f"/v1/node/migrate/{id}/confirm"), "confirm")
+                    self.delete(id)
+                    return True
+                state = (_answer(http.get(f"/v1/node/migrate/{id}"), "state") or {}).get("state")
+            except httpx.ConnectError as e:
+                if not sent:  # never reached the destination: nothing was confirmed
+                    self._take_back(id, None)
+                    raise NodeError("migration_failed",
+                                    "confirm: the destination went away before it took over") from e
+                state = None
+            except (httpx.HTTPError, _Step) as e:
+                log.warning("%s: confirmation to the destination is uncertain: %s", id, e)
+                sent, state = True, None
+            if state == "running":
+                self.delete(id)
+                return True
+            if state is not None:
+                self._take_back(id, http)
+                raise NodeError("migration_failed", f"confirm: the destination reports the sandbox {state}")
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+    def _reconcile_migration(self, sid: str, rec: dict[str, Any]) -> str | None:
+        """After a restart of this agent: a sandbox caught in ``migrating`` is thawed and runs on here; one in
+        ``handover`` is settled by asking the destination (:meth:`_hand_over`'s rules). Returns ``"running"``,
+        ``"absent"`` (the destination has it) or None (nothing to do / still unsettled)."""
+        phase = rec.get("phase")
+        if phase == MIGRATING:
+            log.warning("%s: a migration was interrupted before the handover: it runs on here", sid)
+            self._take_back(sid, None)
+            return "running"
+        if phase == HANDOVER and rec.get("migratingTo") and rec.get("migrationTicket"):
+            with _destination(str(rec["migratingTo"]), str(rec["migrationTicket"])) as http:
+                try:
+                    state = (_answer(http.get(f"/v1/node/migrate/{sid}"), "state") or {}).get("state")
+                except (httpx.HTTPError, _Step) as e:
+                    log.warning("%s: handover to %s still unsettled: %s", sid, rec["migratingTo"], e)
+                    return None
+                if state == "running":
+                    self.delete(sid)
+                    return "absent"
+                self._take_back(sid, http)
+                return "running"
+        return None
+
+
+class MigrationNode(Protocol):
+    """What :func:`migrate` needs of the two nodes (a :class:`sbx.node.agent.LocalNode` or a
+    :class:`sbx.node.remote.client.RemoteNode`)."""
+
+    def info(self) -> NodeInfo: ...
+
+    def migrate_prepare(self, spec: SandboxSpec, fingerprint: dict[str, str]) -> dict[str, Any]: ...
+
+    def migrate_out(self, id: str, target: str, ticket: str,
+                    image: dict[str, str] | None = None) -> dict[str, Any]: ...
+
+    def migrate_abort(self, id: str) -> bool: ...
+
+
+def migrate(source: MigrationNode, destination: MigrationNode, destination_url: str, spec: SandboxSpec,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Move the running sandbox ``spec.id`` from ``source`` to ``destination`` (whose node API answers at
+    ``destination_url``, reachable from the source's node). Returns the source's figures plus ``totalS``
+    (trigger to the destination running it, seconds).
+
+    Raises ``NodeError``: ``cpu_mismatch``, ``exists`` (from the destination's prepare: nothing changed),
+    ``migration_failed`` (the sandbox runs on the source), ``migration_unconfirmed`` (see the module docstring).
+    An arrival the destination prepared is removed again when the move fails."""
+    say = progress or (lambda _m: None)
+    t0 = time.monotonic()
+    prepared = destination.migrate_prepare(spec, source.info().fingerprint)
+    say(f"{spec.id}: the destination is ready")
+    try:
+        figures = source.migrate_out(spec.id, destination_url, prepared["ticket"], prepared.get("image"))
+    except NodeError as e:
+        if e.code != "migration_unconfirmed":
+            try:
+                destination.migrate_abort(spec.id)
+            except NodeError as e2:
+                log.warning("%s: the destination could not drop the arrival: %s", spec.id, e2.message)
+        raise
+    figures["totalS"] = time.monotonic() - t0
+    say(f"{spec.id}: moved in {figures['totalS']:.2f} s (paused {figures['pauseS']:.2f} s)")
+    return figures

@@ -1,0 +1,437 @@
+"""The node's own HTTP API (``sbx node serve``): a :class:`sbx.node.agent.LocalNode` served to control planes.
+
+Every route needs ``Authorization: Bearer <node token>`` (compared in constant time); anything else is 401
+``unauthorized`` (a WebSocket is closed with code 4401 before it is accepted). Routes (:mod:`sbx.node.remote.wire`
+has the shapes):
+
+- ``GET /v1/node/health``: ``{"ok": true, "node": <node name>}``;
+- ``POST /v1/node/call/<method>``: one plain :class:`sbx.node.types.NodeAgent` call of :data:`wire.CALLS`;
+- ``POST /v1/node/exec``: an attached exec as NDJSON events;
+- ``WS /v1/node/spawn``: a process with pipes or a pty (:mod:`sbx.node.remote.spawned` has the frames);
+- ``GET /v1/node/exits?after=N&wait=S&boot=B``: sandboxes that ended on their own (the node's watcher), after
+  sequence number ``N`` (``-1``: only the current last number) of the node process ``B``, waiting up to ``S``
+  seconds (at most 30) for one;
+- ``/v1/node/migrate/<id>/...``: a sandbox arriving from another node (:mod:`sbx.node.migration_in`). These take
+  ``Authorization: Bearer <migration ticket>`` instead of the node token: the one-time ticket ``migrate_prepare``
+  gave for that sandbox, so the source node sends its files here without knowing this node's token.
+  ``PUT .../base|final|memory`` (a :mod:`sbx.node.remote.filestream` body), ``POST .../restore``, ``POST
+  .../confirm``, ``POST .../abort``, ``GET ...`` (``{"state"}``). Errors: 401 ``unauthorized`` (no such
+  arrival or a wrong ticket), 400 ``bad_stream``, 409 a :class:`sbx.node.types.NodeError`.
+- ``GET /v1/node/relay``: ``{"port": P}`` of the node's port relay (:mod:`sbx.node.remote.relay`; 0: none);
+- ``GET /v1/node/transfer/<id>/<name>``: a file of a stopped sandbox's export, streamed (:mod:`sbx.node.transfer`);
+- ``PUT /v1/node/transfer/<id>/<name>``: a file of an import, streamed in and hash-checked (409
+  ``transfer_corrupt`` when its SHA-256 differs from the manifest's).
+
+The node agent process watches its own sandboxes from its start; each control plane polls ``exits``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import subprocess
+import threading
+import tty
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from sbx.node.remote import wire
+from sbx.node.remote.filestream import StreamError
+from sbx.node.remote.relay import make_handler
+from sbx.node.remote.spawned import (
+    OUT_STDERR,
+    OUT_STDOUT,
+    set_winsize,
+)
+from sbx.node.tools import hang_up
+from sbx.node.types import ExecEvent, NodeAgent, NodeError
+
+log = logging.getLogger("sbx.node.remote")
+
+MIGRATE_PREFIX = "/v1/node/migrate/"
+_MIGRATE_ID = re.compile(r"^[a-z0-9_]{1,40}$")
+
+KEEPALIVE = 0.4
+"""Seconds between ``{}`` lines while an exec is silent (the caller polls its ``stop`` on each line)."""
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+class Exits:
+    """The node watcher's reports, numbered, for control planes to poll (the last 1000 are kept)."""
+
+    def __init__(self) -> None:
+        self._items: list[dict[str, Any]] = []
+        self._seq = 0
+        self._cond = threading.Condition()
+        self.boot = secrets.token_hex(8)  # a poller that knew another boot of this node starts again from 0
+
+    def add(self, sandbox_id: str, kind: str, detail: str | None) -> None:
+        """Record that ``sandbox_id`` ended on its own (``kind``: poweroff, reboot, crashed)."""
+        with self._cond:
+            self._seq += 1
+            self._items.append({"seq": self._seq, "id": sandbox_id, "kind": kind, "detail": detail})
+            del self._items[:-1000]
+            self._cond.notify_all()
+
+    def after(self, seq: int, wait: float, boot: str = "") -> dict[str, Any]:
+        """``{"events": [...], "last": N, "boot": B}``: the reports numbered above ``seq``, waiting up to ``wait``
+        seconds for one. ``seq < 0`` answers at once with no events (a new poller starts from ``last``); a
+        ``boot`` other than this process's (the node restarted since) counts from 0, so no report is missed."""
+        if boot and boot != self.boot:
+            seq = 0
+        with self._cond:
+            if seq >= 0:
+                self._cond.wait_for(lambda: self._seq > seq, timeout=wait)
+                events = [e for e in self._items if e["seq"] > seq]
+            else:
+                events = []
+            return {"events": events, "last": self._seq, "boot": self.boot}
+
+
+def create_node_app(node: NodeAgent, token: str, name: str = "node",
+                    relay: tuple[str, int] | None = None) -> FastAPI:
+    """The node API for ``node`` guarded by ``token``. Starting it (its lifespan) starts the node's watcher and,
+    with ``relay`` = ``(host, port)``, the port relay there (:mod:`sbx.node.remote.relay`); stopping it stops
+    both."""
+    exits = Exits()
+    relay_port = {"port": 0}
+    xfer: Any = node  # the transfer calls of sbx.node.transfer (not part of the NodeAgent protocol)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        node.watch(exits.add)
+        server = None
+        if relay is not None:
+            server = await asyncio.start_server(make_handler(node.address, token), relay[0], relay[1])
+            relay_port["port"] = server.sockets[0].getsockname()[1]
+        try:
+            yield
+        finally:
+            if server is not None:
+                server.close()
+            node.unwatch()
+
+    app = FastAPI(title="sbx node", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorized(header: str | None) -> bool:
+        scheme, _, cred = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(cred.strip().encode(), token.encode())
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next: Any) -> Any:
+        if request.url.path.startswith(MIGRATE_PREFIX):  # a migration ticket, checked by the route
+            return await call_next(request)
+        if not authorized(request.headers.get("authorization")):
+            return _error(401, "unauthorized", "missing or wrong node token")
+        return await call_next(request)
+
+    @app.get("/v1/node/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "node": name}
+
+    @app.get("/v1/node/exits")
+    def exits_after(after: int = -1, wait: float = 20.0, boot: str = "") -> dict[str, Any]:
+        return exits.after(after, max(0.0, min(wait, 30.0)), boot)
+
+    @app.get("/v1/node/relay")
+    def relay_info() -> dict[str, Any]:
+        return dict(relay_port)
+
+    @app.get("/v1/node/transfer/{sid}/{name:path}")
+    def export_file(sid: str, name: str) -> Any:
+        try:
+            pieces = xfer.export_file(sid, name)
+        except NodeError as e:
+            return _error(409, e.code, e.message)
+        return StreamingResponse(pieces, media_type="application/octet-stream")
+
+    @app.put("/v1/node/transfer/{sid}/{name:path}")
+    async def import_file(sid: str, name: str, request: Request) -> Any:
+        q: queue.Queue[bytes | None] = queue.Queue(maxsize=32)
+
+        def chunks() -> Iterator[bytes]:
+            while (b := q.get()) is not None:
+                yield b
+
+        fut = asyncio.get_running_loop().run_in_executor(None, lambda: xfer.import_stream(sid, name, chunks()))
+
+        async def feed(b: bytes | None) -> None:
+            while not fut.done():
+                try:
+                    q.put_nowait(b)
+                    return
+                except queue.Full:
+                    await asyncio.sleep(0.005)
+
+        try:
+            async for b in request.stream():
+                if fut.done():
+                    break
+                if b:
+                    await feed(b)
+        except Exception as e:  # the sender went away: what arrived is checked (and refused) below
+            log.info("import of %s/%s: body ended early: %s", sid, name, e)
+        finally:
+            await feed(None)
+        try:
+            await fut
+        except NodeError as e:
+            return _error(409, e.code, e.message)
+        return {"ok": True}
+
+    @app.post("/v1/node/call/{method}")
+    def call(method: str, body: dict[str, Any]) -> Any:
+        if method not in wire.CALLS:
+            return _error(404, "unknown_method", f"the node has no method {method!r}")
+        fn = getattr(node, method)
+        try:
+            args, kwargs = wire.decode(body.get("args", [])), wire.decode(body.get("kwargs", {}))
+            inspect.signature(fn).bind(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+            return _error(400, "bad_call", f"{method}: {e}")
+        try:
+            return {"result": wire.encode(fn(*args, **kwargs))}
+        except NodeError as e:
+            return _error(409, e.code, e.message)
+
+    @app.post("/v1/node/exec")
+    async def exec_(body: dict[str, Any]) -> Any:
+        try:
+            kwargs = wire.decode(body)
+            inspect.signature(node.exec).bind(**kwargs)
+        except (TypeError, ValueError) as e:
+            return _error(400, "bad_call", f"exec: {e}")
+        left = threading.Event()
+        try:
+            events = await run_in_threadpool(lambda: node.exec(**kwargs, stop=left.is_set))
+        except NodeError as e:
+            return _error(409, e.code, e.message)
+        return StreamingResponse(_exec_lines(events, left), media_type="application/x-ndjson")
+
+    @app.websocket("/v1/node/spawn")
+    async def spawn(ws: WebSocket) -> None:
+        if not authorized(ws.headers.get("authorization")):
+            await ws.close(code=4401)
+            return
+        await ws.accept()
+        try:
+            request = json.loads(await ws.receive_text())
+            kwargs = {k: request[k] for k in ("user", "stdin", "tty", "env") if k in request}
+            proc = await run_in_threadpool(lambda: node.spawn(str(request["id"]), list(request["argv"]), **kwargs))
+        except NodeError as e:
+            await ws.send_text(json.dumps({"type": "error", "code": e.code, "message": e.message}))
+            await ws.close()
+            return
+        except (ValueError, KeyError, TypeError, WebSocketDisconnect) as e:
+            with contextlib.suppress(Exception):
+                await ws.send_text(json.dumps({"type": "error", "code": "bad_call", "message": f"spawn: {e}"}))
+                await ws.close()
+            return
+        await ws.send_text(json.dumps({"type": "started"}))
+        await _relay(ws, proc)
+
+    _migration_routes(app, node)
+    return app
+
+
+def _migration_routes(app: FastAPI, node: Any) -> None:
+    """The routes of a sandbox arriving from another node (see the module docstring). ``node`` has the
+    methods of :class:`sbx.node.migration_in.IncomingMixin`."""
+
+    def ticket_ok(request: Request, id: str) -> bool:
+        scheme, _, cred = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not _MIGRATE_ID.match(id) or not hasattr(node, "migrate_check_ticket"):
+            return False
+        return bool(node.migrate_check_ticket(id, cred.strip()))
+
+    def refused() -> JSONResponse:
+        return _error(401, "unauthorized", "no such arrival, or a wrong migration ticket")
+
+    @app.put(MIGRATE_PREFIX + "{id}/{stage}")
+    async def receive(id: str, stage: str, request: Request) -> Any:
+        if not await run_in_threadpool(ticket_ok, request, id):
+            return refused()
+        try:
+            unpacker = await run_in_threadpool(node.migrate_unpacker, id, stage)
+        except NodeError as e:
+            return _error(400 if e.code == "bad_call" else 409, e.code, e.message)
+        try:
+            async for chunk in request.stream():
+                unpacker.feed(chunk)
+            unpacker.close()
+        except StreamError as e:
+            unpacker.close_quietly()
+            return _error(400, "bad_stream", f"{stage}: {e}")
+        except OSError as e:
+            unpacker.close_quietly()
+            return _error(409, "migration_failed", f"{stage}: writing the files: {e}")
+        return {"stage": stage, "files": len(unpacker.files), "bytes": sum(unpacker.files.values())}
+
+    def step(method: str) -> Any:
+        async def run(id: str, request: Request) -> Any:
+            if not await run_in_threadpool(ticket_ok, request, id):
+                return refused()
+            try:
+                got = await run_in_threadpool(getattr(node, method), id)
+            except NodeError as e:
+                return _error(409, e.code, e.message)
+            return got if isinstance(got, dict) else {"ok": bool(got) if got is not None else True}
+        return run
+
+    app.post(MIGRATE_PREFIX + "{id}/restore")(step("migrate_restore"))
+    app.post(MIGRATE_PREFIX + "{id}/confirm")(step("migrate_confirm"))
+    app.post(MIGRATE_PREFIX + "{id}/abort")(step("migrate_abort"))
+
+    @app.get(MIGRATE_PREFIX + "{id}")
+    async def state(id: str, request: Request) -> Any:
+        if not await run_in_threadpool(ticket_ok, request, id):
+            return refused()
+        return {"state": await run_in_threadpool(node.migrate_state, id)}
+
+
+async def _exec_lines(events: Iterator[ExecEvent], left: threading.Event) -> AsyncIterator[str]:
+    """NDJSON lines of ``events`` read in a thread, with ``{}`` every :data:`KEEPALIVE` seconds of silence. When
+    the response ends early (the caller went away) ``left`` is set: the node's exec sees its ``stop`` and kills
+    the command."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def put(item: tuple[str, Any]) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the server's loop closed (shutdown): nobody listens, so the command is stopped
+            left.set()
+
+    def produce() -> None:
+        try:
+            for ev in events:
+                put(("event", ev))
+            put(("end", None))
+        except NodeError as e:
+            put(("error", e))
+        except Exception as e:  # a bug on the node: say so in the stream, not as a cut connection
+            log.exception("exec stream failed")
+            put(("error", NodeError("exec_failed", str(e))))
+
+    threading.Thread(target=produce, name="node-exec", daemon=True).start()
+    try:
+        while True:
+            try:
+                kind, item = await asyncio.wait_for(queue.get(), KEEPALIVE)
+            except TimeoutError:
+                yield "{}\n"
+                continue
+            if kind == "end":
+                return
+            if kind == "error":
+                yield json.dumps({"error": {"code": item.code, "message": item.message}}) + "\n"
+                return
+            yield json.dumps(wire.encode(item), separators=(",", ":")) + "\n"
+    finally:
+        left.set()
+
+
+async def _relay(ws: WebSocket, proc: subprocess.Popen[bytes]) -> None:
+    """Relay between the WebSocket and a spawned process until it has exited (then ``{"type": "exit"}``) or the
+    caller went away (then the process is hung up: SIGHUP, SIGKILL after 5 s)."""
+    master: int | None = getattr(proc, "pty_master", None)
+    outs: list[tuple[int, int]] = []
+    if master is not None:
+        with contextlib.suppress(OSError):
+            tty.setraw(master)
+        outs.append((master, OUT_STDOUT))
+    else:
+        for f, channel in ((proc.stdout, OUT_STDOUT), (proc.stderr, OUT_STDERR)):
+            if f is not None:
+                outs.append((f.fileno(), channel))
+    send_lock = asyncio.Lock()
+
+    async def pump(fd: int, channel: int) -> None:
+        while True:
+            try:
+                chunk = await asyncio.to_thread(os.read, fd, 65536)
+            except OSError:  # EIO: the pty's other side is gone
+                chunk = b""
+            if not chunk:
+                return
+            async with send_lock:
+                await ws.send_bytes(bytes([channel]) + chunk)
+
+    async def feed() -> None:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect()
+            if msg.get("bytes") is not None:
+                data: bytes = msg["bytes"]
+                if master is not None:
+                    await asyncio.to_thread(_write_all, master, data)
+                elif proc.stdin is not None:
+                    await asyncio.to_thread(_write_file, proc.stdin, data)
+                continue
+            ctl = json.loads(msg.get("text") or "{}")
+            if ctl.get("type") == "eof" and proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            elif ctl.get("type") == "resize" and master is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    set_winsize(master, int(ctl["cols"]), int(ctl["rows"]))
+            elif ctl.get("type") == "signal" and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    proc.send_signal(int(ctl["signal"]))
+
+    feeder = asyncio.create_task(feed())
+    try:
+        async def pumps() -> None:
+            await asyncio.gather(*(pump(fd, ch) for fd, ch in outs))
+
+        waiting = asyncio.create_task(pumps())
+        await asyncio.wait({waiting, feeder}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            code = await asyncio.to_thread(proc.wait)
+            async with send_lock:
+                await ws.send_text(json.dumps({"type": "exit", "code": code}))
+            with contextlib.suppress(Exception):
+                await ws.close()
+        else:
+            waiting.cancel()
+    finally:
+        feeder.cancel()
+        await asyncio.to_thread(hang_up, proc)
+        if master is not None:
+            with contextlib.suppress(OSError):
+                os.close(master)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_file(f: Any, data: bytes) -> None:
+    try:
+        f.write(data)
+        f.flush()
+    except (OSError, ValueError):  # the process closed its stdin: what it did not read is dropped, as with a pipe
+        pass
+
+

@@ -1,0 +1,215 @@
+"""Test topology for several nodes on one host (issue 10): each node agent in a network namespace of its own,
+joined to the host by a veth pair, so every call between a server and a node crosses a network.
+
+Names come from :func:`tests.slots.slotted` (``nodes`` / ``sbxnd`` / ``10.93.0.0/16`` moved to the run's slot), so
+two runs in different slots never share a namespace, bridge or address. Node ``k`` (1..8) gets:
+
+- network namespace ``<node>-<k>`` (``/run/netns``), with ``lo`` and ``eth0`` (the veth's far end,
+  ``a.b.(240+k).2/24``, default route via the host end ``a.b.(240+k).1`` named ``<bridge>h<k>``);
+- node name ``<node><k>``, its sandboxes' bridge ``<bridge><k>`` inside the namespace on ``a.b.(16·k).0/20``;
+- its own state folder (node token, logs) under the test's temp folder.
+
+The node agent runs under ``nsenter --net`` only: it keeps the host's mount namespace, so the disks it mounts stay
+where a restarted agent finds them (``ip netns exec`` would give each start a private mount namespace).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.slots import slotted
+
+VENV_BIN = Path(sys.executable).parent
+SBX = str(VENV_BIN / "sbx")
+NODE_PORT = 7700
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} -> {r.returncode}: {r.stderr}")
+    return r
+
+
+class NodeAgentError(RuntimeError):
+    """``sbx node serve`` exited or did not answer; the message ends with its log."""
+
+
+@dataclass
+class NodeHost:
+    """One node agent's "machine": namespace, addresses, names, and the agent process once started."""
+
+    k: int
+    netns: str
+    node_name: str
+    bridge: str
+    subnet: str
+    host_veth: str
+    host_ip: str
+    node_ip: str
+    state: Path
+    token: str = field(default_factory=lambda: "sbxn_" + secrets.token_urlsafe(16))
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # more settings for the agent (test holds, say)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.node_ip}:{NODE_PORT}"
+
+    def env(self) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "SBX_PROFILE": "test",
+            "SBX_STATE_DIR": str(self.state),
+            "SBX_NODE_NAME": self.node_name,
+            "SBX_BRIDGE": self.bridge,
+            "SBX_SUBNET": self.subnet,
+            "SBX_NODE_TOKEN": self.token,
+            "SBX_NODE_HOST": self.node_ip,
+            "SBX_NODE_PORT": str(NODE_PORT),
+            "HOME": str(self.state / "home"),
+            "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        }
+        for key in ("SBX_URL", "SBX_TOKEN", "SBX_NODE_URL", "SBX_DATABASE_URL", "SBX_HOME"):
+            env.pop(key, None)
+        return {**env, **self.extra_env}
+
+    def start(self) -> None:
+        """Start ``sbx node serve`` in the namespace and wait until it answers its health check (the base image is
+        ready: :func:`host_netns` made it). The agent runs in a session of its own, so a Ctrl-C in the terminal
+        reaches only the caller, which can still delete the node's sandboxes through it before stopping it.
+        Raises :class:`NodeAgentError` when it exits or does not answer within 600 s (it is killed then)."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.log = self.state / f"node-{int(time.time() * 1000)}.log"
+        with self.log.open("wb") as logf:
+            self.proc = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.netns}", "--", SBX, "node", "serve"],
+                env=self.env(), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise NodeAgentError(f"sbx node exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            try:
+                req = urllib.request.Request(self.url + "/v1/node/health",
+                                             headers={"Authorization": f"Bearer {self.token}"})
+                with urllib.request.urlopen(req, timeout=2):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise NodeAgentError(f"sbx node did not answer:\n{self.log.read_text()[-4000:]}") from None
+                time.sleep(0.3)
+
+    def kill(self) -> None:
+        """SIGKILL the agent (its sandboxes keep running)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM the agent and wait; its exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-4000:] for p in sorted(self.state.glob("node-*.log")))
+
+
+def node_host(k: int, tmp: Path) -> NodeHost:
+    """The names and addresses of node ``k`` (1..8) in this run's slot (nothing is created)."""
+    base, bridge, net = slotted("nodes", "sbxnd", "10.93.0.0/16")
+    a, b = net.split(".")[:2]
+    return NodeHost(
+        k=k, netns=f"{base}-{k}", node_name=f"{base}{k}", bridge=f"{bridge}{k}", subnet=f"{a}.{b}.{16 * k}.0/20",
+        host_veth=f"{bridge}h{k}", host_ip=f"{a}.{b}.{240 + k}.1", node_ip=f"{a}.{b}.{240 + k}.2",
+        state=tmp / f"node{k}",
+    )
+
+
+@contextmanager
+def node_netns(k: int, tmp: Path) -> Iterator[NodeHost]:
+    """Make node ``k``'s namespace and veth pair (:func:`host_netns` with :func:`node_host`'s names)."""
+    if os.geteuid() != 0:
+        pytest.fail("several-node tests make network namespaces and must run as root")
+    with host_netns(node_host(k, tmp)) as h:
+        yield h
+
+
+@contextmanager
+def host_netns(h: NodeHost) -> Iterator[NodeHost]:
+    """Make ``h``'s namespace and veth pair (a leftover of a killed run with the same names is removed first); on
+    exit stop its agent (if one runs), remove the namespace (the veth goes with it) and the node's folder on the
+    volume when it holds no sandbox. The benchmark's remote-node figure (bench/remote.py) uses it with names of its
+    own. Needs root; raises ``AssertionError`` when an ``ip`` step fails."""
+    from sbx.config import load_settings
+    from sbx.node.image import ensure_image
+    from sbx.storage.locks import file_lock
+
+    # The base image is made here, in the host's namespace (the node's has no way out to the mirrors), and its
+    # lock is held (shared: other node tests may run meanwhile) while the node runs, so a server of another recipe
+    # on this host cannot prune it.
+    image = ensure_image(load_settings(profile="test"))
+    with file_lock(image.with_suffix(".lock"), shared=True):
+        yield from _netns(h)
+
+
+@contextmanager
+def node_netns_many(ks: list[int], tmp: Path) -> Iterator[list[NodeHost]]:
+    """:func:`node_netns` for several nodes at once (``ks``, made in that order, removed in reverse). Each holds the
+    base image's lock shared, so one process may hold it for several nodes."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(node_netns(k, tmp)) for k in ks]
+
+
+def _netns(h: NodeHost) -> Iterator[NodeHost]:
+    _run("ip", "netns", "del", h.netns, check=False)  # a leftover of a killed run
+    _run("ip", "link", "del", h.host_veth, check=False)
+    _run("ip", "netns", "add", h.netns)
+    try:
+        _run("ip", "link", "add", h.host_veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns)
+        _run("ip", "addr", "add", f"{h.host_ip}/24", "dev", h.host_veth)
+        _run("ip", "link", "set", h.host_veth, "up")
+        ns = ("ip", "-n", h.netns)
+        _run(*ns, "link", "set", "lo", "up")
+        _run(*ns, "addr", "add", f"{h.node_ip}/24", "dev", "eth0")
+        _run(*ns, "link", "set", "eth0", "up")
+        _run(*ns, "route", "add", "default", "via", h.host_ip)
+        yield h
+    finally:
+        if h.proc is not None and h.proc.poll() is None:
+            h.stop()
+        _cleanup_node(h)
+        _run("ip", "netns", "del", h.netns, check=False)
+        _run("ip", "link", "del", h.host_veth, check=False)
+
+
+def _cleanup_node(h: NodeHost) -> None:
+    """Remove what node ``h`` left: its containers' host side (if an agent was killed), then its folders."""
+    from sbx.config import load_settings
+
+    settings = load_settings(node_name=h.node_name, bridge=h.bridge, subnet=h.subnet, profile="test",
+                             state_dir=h.state)
+    if not any((settings.node_dir / "sandboxes").glob("*")):
+        shutil.rmtree(settings.node_dir, ignore_errors=True)
