@@ -79,7 +79,7 @@ from sbx.api.models import (
 )
 from sbx.config import Settings
 from sbx.control.accounts import Principal
-from sbx.control.errors import ControlError, not_found
+from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
@@ -216,12 +216,11 @@ def create_app(
                        ) -> JSONResponse:
         """Create a sandbox for the key's account; answers 202 in state ``provisioning`` (or 200 once running with
         ``?wait=true``). 403 ``plan_limit`` when the account's plan does not allow the size or another start."""
+        from_key = None  # the snapshot's installation-wide key: the name is the account's own
         if body.from_snapshot is not None:
-            snap = cp.store.get_snapshot(body.from_snapshot)
-            if snap is not None and not who.sees(snap.account_id):
-                raise not_found(f"snapshot {body.from_snapshot}")
+            from_key = cp.find_snapshot(body.from_snapshot, who.account_id, who.admin).name
         cp.secrets.names(who.account_id, body.secrets or [])  # 404/409 before anything is made
-        row = cp.create(body.type, body.name, body.ttl, body.from_snapshot, body.no_snapshots, body.env,
+        row = cp.create(body.type, body.name, body.ttl, from_key, body.no_snapshots, body.env,
                         body.auto_resume, body.labels, account_id=who.account_id,
                         cold=body.cold)
         secrets_api.bind_all(cp, row.id, body.secrets, who.account_id)
@@ -381,9 +380,9 @@ def create_app(
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox, who.scope))}
 
     @v1.delete("/snapshots/{name}", tags=["snapshots"], response_model=S.Deleted, responses=S.errors(404, 409, 502))
-    def delete_snapshot(name: str) -> dict[str, Any]:
-        """Delete a snapshot."""
-        cp.delete_snapshot(name)
+    def delete_snapshot(name: str, who: Principal = Who) -> dict[str, Any]:
+        """Delete one of the key's account's snapshots (the admin key: any account's, its own first)."""
+        cp.delete_snapshot(cp.find_snapshot(name, who.account_id, who.admin).name)
         return {"deleted": name}
 
     @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse,

@@ -198,15 +198,13 @@ def check_sandbox(control: object, who: Principal, sandbox_id: str) -> None:
 
 def owned(request: Request, who: Principal = Depends(principal)) -> Principal:
     """Router dependency: the ownership check of every ``/v1`` route's path (``sandbox_id``; ``name`` of
-    ``/v1/snapshots/{name}``)."""
+    ``/v1/snapshots/{name}``, a name within the key's account)."""
     control = request.app.state.control
     params = request.path_params
     if "sandbox_id" in params:
         check_sandbox(control, who, str(params["sandbox_id"]))
     if "name" in params and request.url.path.startswith("/v1/snapshots/"):
-        snap = control.store.get_snapshot(str(params["name"]))
-        if snap is not None and not who.sees(snap.account_id):
-            raise not_found(f"snapshot {params['name']}")
+        control.find_snapshot(str(params["name"]), who.account_id, who.admin)  # 404 unless the key's account has it
     return who
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from typing import Any
 
 from sbx.control.errors import ControlError, from_node, not_found
@@ -39,15 +40,25 @@ class SnapshotOps(PlaneBase):
         if not auto:
             self._storage_admit(row.account_id, f"snapshot {name}")
         with self.lifecycle.hold(sandbox_id, {"running", "stopped"}, wait, "snapshot it"), self._snap_lock:
-            if self.store.get_snapshot(name) is not None:
+            if self.store.find_snapshot(name, row.account_id) is not None:
                 raise ControlError("snapshot_exists", f"a snapshot named {name!r} already exists", 409)
+            key = self._snapshot_key(name)
             try:
-                info = self.node.snapshot(sandbox_id, name)
+                info = self.node.snapshot(sandbox_id, key)
             except NodeError as e:
                 raise from_node(e.code, e.message) from None
-            snap = SnapshotRow(name=name, sandbox_id=sandbox_id, auto=auto, size_mib=info.size_mib,
+            snap = SnapshotRow(name=key, label=name, sandbox_id=sandbox_id, auto=auto, size_mib=info.size_mib,
                                created_at=utcnow(), account_id=row.account_id)
             return self.store.add_snapshot(snap, self.meter.snapshot_added(snap, info.allocated_bytes))
+
+    def _snapshot_key(self, label: str) -> str:
+        """The installation-wide key for a new snapshot labelled ``label`` (caller holds ``_snap_lock``): the label
+        when no snapshot holds that key, else the label's first 50 characters and a random suffix (another
+        account's snapshot of that name must neither block nor reveal itself)."""
+        key = label
+        while self.store.get_snapshot(key) is not None:
+            key = f"{label[:50]}-{secrets.token_hex(4)}"
+        return key
 
     def snapshots(self, sandbox_id: str | None = None, account_id: str | None = None) -> list[SnapshotRow]:
         """Snapshots, oldest first, optionally only those of ``sandbox_id`` (404 if that sandbox is unknown, or
@@ -67,8 +78,17 @@ class SnapshotOps(PlaneBase):
             infos = {}
         return [snapshot_view(r, infos.get(r.name)) for r in rows]
 
+    def find_snapshot(self, label: str, account_id: str, admin: bool = False) -> SnapshotRow:
+        """Account ``account_id``'s snapshot named ``label`` (the admin key: its own account's, else the oldest of
+        that name in any account). Raises 404 ``not_found``, the same for another account's snapshot."""
+        snap = self.store.find_snapshot(label, account_id, any_account=admin)
+        if snap is None:
+            raise not_found(f"snapshot {label}")
+        return snap
+
     def delete_snapshot(self, name: str) -> None:
-        """Remove snapshot ``name``; 404 ``not_found`` if there is none."""
+        """Remove the snapshot whose key is ``name`` (:class:`SnapshotRow`; :meth:`find_snapshot` turns an
+        account's name into it); 404 ``not_found`` if there is none."""
         with self._snap_lock:
             if self.store.get_snapshot(name) is None:
                 raise not_found(f"snapshot {name}")

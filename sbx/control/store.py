@@ -24,9 +24,12 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    UniqueConstraint,
+    and_,
     create_engine,
     delete,
     event,
+    or_,
     select,
     text,
 )
@@ -93,11 +96,18 @@ class SandboxRow(Base):
 
 
 class SnapshotRow(Base):
-    """A named, sealed copy of a sandbox's disk. ``auto`` marks the reaper's periodic snapshots."""
+    """A named, sealed copy of a sandbox's disk. ``auto`` marks the reaper's periodic snapshots.
+
+    ``label`` is the name its account gave it, unique within the account (another account may use the same
+    one); ``name`` is the installation-wide key the nodes and the usage records know it by: the label itself
+    when no other snapshot holds that key, else the label with a random suffix. Rows from before labels have
+    ``label`` null: their label is their key."""
 
     __tablename__ = "snapshots"
+    __table_args__ = (UniqueConstraint("account_id", "label", name="uq_snapshots_account_label"),)
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    label: Mapped[str | None] = mapped_column(String(64), nullable=True)
     sandbox_id: Mapped[str] = mapped_column(String(16), index=True)
     auto: Mapped[bool] = mapped_column(Boolean, default=False)
     size_mib: Mapped[int] = mapped_column(Integer, default=0)
@@ -251,8 +261,19 @@ class Store:
         return row
 
     def get_snapshot(self, name: str) -> SnapshotRow | None:
+        """The snapshot whose installation-wide key is ``name`` (see :class:`SnapshotRow`), or None."""
         with self.session() as s:
             return s.get(SnapshotRow, name)
+
+    def find_snapshot(self, label: str, account_id: str, any_account: bool = False) -> SnapshotRow | None:
+        """Account ``account_id``'s snapshot named ``label``; with ``any_account`` (the admin key), else the oldest
+        one of that name in any account. None when there is none."""
+        with self.session() as s:
+            named = or_(SnapshotRow.label == label, and_(SnapshotRow.label.is_(None), SnapshotRow.name == label))
+            row = s.scalar(select(SnapshotRow).where(named, SnapshotRow.account_id == account_id))
+            if row is None and any_account:
+                row = s.scalar(select(SnapshotRow).where(named).order_by(SnapshotRow.created_at).limit(1))
+            return row
 
     def list_snapshots(self, sandbox_id: str | None = None, auto: bool | None = None,
                        account_id: str | None = None) -> list[SnapshotRow]:

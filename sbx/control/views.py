@@ -47,7 +47,7 @@ def snapshot_view(row: SnapshotRow, info: SnapshotInfo | None = None) -> dict[st
     "uniqueBytes"}``: bytes its image maps on the volume (shared ones included) and bytes only it holds (what
     deleting it frees), from the node's ``info`` (0 when unknown)."""
     return {
-        "name": row.name,
+        "name": row.label or row.name,
         "sandboxId": row.sandbox_id,
         "auto": row.auto,
         "sizeMB": row.size_mib,

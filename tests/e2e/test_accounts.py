@@ -108,7 +108,23 @@ def test_two_accounts_neither_see_nor_touch_each_others_things(fs: FaultServer, 
     assert [r["port"] for r in json.loads(ok(fs, alice, "host", sid, "--json"))["routes"]] == [8000]
     assert "alice-e2e" in ok(fs, alice, "snapshots")
     assert sid in ok(fs, None, "list")
-    ok(fs, alice, "delete", sid, "--wait")
+    # snapshot names are the account's own: bob takes the name alice holds (before: 409 snapshot_exists, which
+    # told bob that it existed), and `new --from` gives each account its own snapshot's disk
+    bsid = ok(fs, bob, "new", "--type", "small").strip()
+    ok(fs, bob, "exec", bsid, "echo bobs > ~/notes")
+    ok(fs, bob, "snapshot", bsid, "alice-e2e")
+    r = cli(fs, bob, "snapshot", bsid, "alice-e2e")
+    assert r.returncode != 0 and "snapshot_exists" in r.stderr
+    made = {who: ok(fs, tok, "new", "--type", "small", "--from", "alice-e2e").strip()
+            for who, tok in (("alice", alice), ("bob", bob))}
+    # alice's snapshot was sealed before her notes were written; bob's after his
+    assert ok(fs, alice, "exec", made["alice"], "cat ~/notes 2>/dev/null || echo none").strip() == "none"
+    assert ok(fs, bob, "exec", made["bob"], "cat ~/notes 2>/dev/null || echo none").strip() == "bobs"
+    ok(fs, bob, "snapshot-delete", "alice-e2e")
+    assert "alice-e2e" not in ok(fs, bob, "snapshots") and "alice-e2e" in ok(fs, alice, "snapshots")
+    for tok, ids in ((alice, [sid, made["alice"]]), (bob, [bsid, made["bob"]])):
+        for i in ids:
+            ok(fs, tok, "delete", i, "--wait")
     ok(fs, alice, "snapshot-delete", "alice-e2e")
 
 

@@ -286,3 +286,31 @@ def test_adding_and_removing_nodes(api: Api) -> None:
     assert (r.status_code, r.json()["error"]["code"]) == (409, "node_configured")
     r = api.c.delete("/v1/nodes/nope", headers=api.h)
     assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")
+
+
+def test_snapshot_names_belong_to_their_account(api: Api, two: tuple[Any, Any, str]) -> None:
+    """Another account's snapshot name neither blocks nor shows: bob takes the name alice already holds (201, not
+    409 ``snapshot_exists``, which told bob that alice had it), and each account's name means its own snapshot for
+    a list, a ``fromSnapshot`` and a delete."""
+    a, b, alice_sb = two
+    r = api.c.post("/v1/sandboxes?wait=true", json={"type": "small"}, headers=b)
+    bob_sb = r.json()["sandbox"]["id"]
+    r = api.c.post(f"/v1/sandboxes/{bob_sb}/snapshot", json={"name": "alice-snap"}, headers=b)
+    assert r.status_code == 201, r.text
+    assert r.json()["snapshot"]["name"] == "alice-snap" and r.json()["snapshot"]["sandboxId"] == bob_sb
+    again = api.c.post(f"/v1/sandboxes/{bob_sb}/snapshot", json={"name": "alice-snap"}, headers=b)
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "snapshot_exists")  # within one account
+    for h, sid in ((a, alice_sb), (b, bob_sb)):
+        snaps = api.c.get("/v1/snapshots", headers=h).json()["snapshots"]
+        assert [(s["name"], s["sandboxId"]) for s in snaps] == [("alice-snap", sid)]
+    keys = {s.name: s.label for s in api.control.store.list_snapshots()}
+    assert len(keys) == 2 and set(keys.values()) == {"alice-snap"}  # two keys, one name
+    r = api.c.post("/v1/sandboxes?wait=true", json={"type": "small", "fromSnapshot": "alice-snap"}, headers=b)
+    assert r.status_code == 200, r.text
+    made = api.control.store.get_sandbox(r.json()["sandbox"]["id"])
+    assert made is not None and api.control.store.get_snapshot(made.from_snapshot or "").sandbox_id == bob_sb
+    assert api.c.delete("/v1/snapshots/alice-snap", headers=b).status_code == 200
+    assert api.c.get("/v1/snapshots", headers=b).json()["snapshots"] == []
+    assert [s["name"] for s in api.c.get("/v1/snapshots", headers=a).json()["snapshots"]] == ["alice-snap"]
+    r = api.c.delete("/v1/snapshots/alice-snap", headers=b)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")

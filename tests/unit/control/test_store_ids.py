@@ -23,7 +23,7 @@ def test_migrations_create_the_schema_and_reopen_cleanly(
     assert {"sandboxes", "snapshots", "events", "routes", "secrets", "secret_bindings", "secret_uses", "nodes",
             "alembic_version"} <= tables
     with s.engine.connect() as c:
-        assert c.execute(text("select version_num from alembic_version")).scalar() == "0008_node_tokens"
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0009_snapshot_labels"
     assert "labels" in {col["name"] for col in inspect(s.engine).get_columns("sandboxes")}
     s.add_event("sb_x", {"event": "state"})
     s.close()
@@ -68,3 +68,27 @@ def test_word_lists_are_big_unique_and_dns_safe() -> None:
     for lst in (words.ADJECTIVES, words.ANIMALS):
         assert len(lst) >= 60 and len(set(lst)) == len(lst)
         assert all(re.fullmatch(r"[a-z]+", w) for w in lst)
+
+
+def test_snapshot_labels_migration_names_old_snapshots_by_their_key(tmp_path: Path) -> None:
+    """0009: a snapshot stored before labels keeps its name: its label is its key, found within its account."""
+    from alembic import command
+
+    from sbx.control.store import alembic_config
+
+    url = f"sqlite:///{tmp_path / 'sbx.db'}"
+    command.upgrade(alembic_config(url), "head")
+    command.downgrade(alembic_config(url), "0008_node_tokens")  # the downgrade works too: back to before labels
+    from sqlalchemy import create_engine
+
+    eng = create_engine(url)
+    with eng.begin() as c:
+        c.execute(text("insert into snapshots (name, sandbox_id, auto, size_mib, created_at, account_id) values "
+                       "('old-one', 'sb_x', 0, 10, '2026-01-01 00:00:00', 'acct_a')"))
+    eng.dispose()
+    again = Store(url)
+    row = again.find_snapshot("old-one", "acct_a")
+    assert row is not None and (row.name, row.label) == ("old-one", "old-one")
+    assert again.find_snapshot("old-one", "acct_b") is None
+    assert again.find_snapshot("old-one", "acct_b", any_account=True) is not None
+    again.close()
