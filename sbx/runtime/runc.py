@@ -16,6 +16,7 @@ import signal as _signal
 import subprocess
 from pathlib import Path
 
+from sbx.runtime import kdat
 from sbx.runtime.base import ContainerState, RuntimeError_
 from sbx.runtime.criu import log_tail
 from sbx.storage import mounts
@@ -118,6 +119,7 @@ class RuncRuntime:
             os.chown(image_dir, 0, image_gid)
             image_dir.chmod(0o750)
         work_dir.mkdir(mode=0o700, parents=True)
+        kdat.ensure(str(self.criu))
         try:
             self._run("checkpoint", self.cmd("--criu", str(self.criu), "checkpoint", "--image-path", str(image_dir),
                                              "--work-path", str(work_dir), "--empty-ns", "network",
@@ -142,6 +144,7 @@ class RuncRuntime:
         timeout = 30 + image_mib / 20
         remove_tree(work_dir)
         work_dir.mkdir(mode=0o700, parents=True)
+        kdat.ensure(str(self.criu))
         try:
             self._run("restore", self.cmd("--criu", str(self.criu), "restore", "-d", "--image-path", str(image_dir),
                                           "--work-path", str(work_dir), "--bundle", str(bundle), cid),
