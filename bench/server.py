@@ -135,20 +135,23 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: f
             time.sleep(0.25)
 
 
-def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | None = None) -> BenchServer:
+def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | None = None,
+          node: tuple[str, str, str] | None = None, log_level: str = "warning") -> BenchServer:
     """Start ``sbx server`` in ``tmp`` (state in ``tmp/state``, ``HOME=tmp/home``, log ``tmp/server.log``) and
     wait until ``/healthz`` answers (the first start on a host may build the base image: ``start_timeout``
     seconds). ``env_extra`` adds or overrides ``SBX_*`` settings (the remote-node figure gives a server
-    ``SBX_NODE_URL`` / ``SBX_NODE_TOKEN``). Raises ``ServerError`` when it exits or does not answer (it is killed
-    then)."""
+    ``SBX_NODE_URL`` / ``SBX_NODE_TOKEN``). ``node``: its ``(node name, bridge, subnet)`` instead of the
+    benchmark's; ``log_level``: the server's (the cross-node figure reads moves from an ``info`` log). Raises
+    ``ServerError`` when it exits or does not answer (it is killed then)."""
+    name, bridge, subnet = node or (NODE_NAME, BRIDGE, SUBNET)
     port = free_port()
     env = {
         **os.environ,
         "SBX_PROFILE": PROFILE,
         "SBX_STATE_DIR": str(tmp / "state"),
-        "SBX_NODE_NAME": NODE_NAME,
-        "SBX_BRIDGE": BRIDGE,
-        "SBX_SUBNET": SUBNET,
+        "SBX_NODE_NAME": name,
+        "SBX_BRIDGE": bridge,
+        "SBX_SUBNET": subnet,
         "SBX_PORT": str(port),
         "SBX_PROXY_PORT": str(free_port()),  # the hosted-ports proxy: another server may hold the default 7080
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
@@ -156,13 +159,14 @@ def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | 
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
-    for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOST", "SBX_NODE_URL", "SBX_NODE_TOKEN"):
+    for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOST", "SBX_HOME", "SBX_NODE_URL", "SBX_NODE_TOKEN",
+                "SBX_DATABASE_URL"):
         env.pop(key, None)
     env.update(env_extra or {})
     (tmp / "home").mkdir(parents=True, exist_ok=True)
     log = tmp / "server.log"
     with log.open("wb") as logf:
-        proc = subprocess.Popen([sbx_binary(), "server", "--log-level", "warning"], env=env, stdout=logf,
+        proc = subprocess.Popen([sbx_binary(), "server", "--log-level", log_level], env=env, stdout=logf,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -171,8 +175,8 @@ def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | 
     except BaseException:
         _terminate(proc)
         raise
-    return BenchServer(url=url, token=str(cfg["token"]), env=env, tmp=tmp, log=log, settings=node_settings(),
-                       proc=proc)
+    settings = load_settings(node_name=name, bridge=bridge, subnet=subnet, profile=PROFILE)
+    return BenchServer(url=url, token=str(cfg["token"]), env=env, tmp=tmp, log=log, settings=settings, proc=proc)
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout: float = 120) -> int:

@@ -26,15 +26,12 @@ removes the namespaces.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import statistics
-import subprocess
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -64,36 +61,16 @@ def _server(tmp: Path, node: NodeHost) -> Iterator[BenchServer]:
     from bench import server as S
     from tests.slots import slotted
 
-    name, bridge, subnet = slotted(SERVER_NODE, SERVER_BRIDGE, SERVER_SUBNET)
-    port = S.free_port()
-    env = {
-        **os.environ,
-        "SBX_PROFILE": S.PROFILE, "SBX_STATE_DIR": str(tmp / "state"), "SBX_NODE_NAME": name,
-        "SBX_BRIDGE": bridge, "SBX_SUBNET": subnet, "SBX_PORT": str(port), "SBX_PROXY_PORT": str(S.free_port()),
-        "SBX_AUTO_SNAPSHOT_SECONDS": "0", "SBX_NODE_URL": node.url, "SBX_NODE_TOKEN": node.token,
-        "SBX_NODE_HEARTBEAT_SECONDS": "1", "SBX_NODE_UNREACHABLE_SECONDS": "5",
-        "HOME": str(tmp / "home"), "PATH": f"{S.VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-    }
-    for key in ("SBX_URL", "SBX_TOKEN", "XDG_CONFIG_HOME", "SBX_HOST", "SBX_HOME", "SBX_DATABASE_URL"):
-        env.pop(key, None)
-    (tmp / "home").mkdir(parents=True, exist_ok=True)
-    log = tmp / "server.log"
-    with log.open("wb") as logf:
-        proc = subprocess.Popen([S.sbx_binary(), "server"], env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    srv = None
+    srv = S.start(tmp, start_timeout=300, node=slotted(SERVER_NODE, SERVER_BRIDGE, SERVER_SUBNET), log_level="info",
+                  env_extra={"SBX_NODE_URL": node.url, "SBX_NODE_TOKEN": node.token,
+                             "SBX_NODE_HEARTBEAT_SECONDS": "1", "SBX_NODE_UNREACHABLE_SECONDS": "5"})
+    proc, log = srv.proc, srv.log
     try:
-        S._wait_healthy(proc, url, log, 300)
-        cfg = tomllib.loads((tmp / "home" / ".config" / "sbx" / "config.toml").read_text())
-        srv = S.BenchServer(url=url, token=str(cfg["token"]), env=env, tmp=tmp, log=log,
-                            settings=S.load_settings(node_name=name, bridge=bridge, subnet=subnet,
-                                                     profile=S.PROFILE), proc=proc)
         yield srv
     finally:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            if srv is not None and proc.poll() is None:
+            if proc.poll() is None:
                 left = srv.delete_all()
                 if left:
                     print(f"bench: xresume could not delete {', '.join(left)}")
