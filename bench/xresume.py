@@ -70,7 +70,8 @@ def _server(tmp: Path, node: NodeHost) -> Iterator[BenchServer]:
         **os.environ,
         "SBX_PROFILE": S.PROFILE, "SBX_STATE_DIR": str(tmp / "state"), "SBX_NODE_NAME": name,
         "SBX_BRIDGE": bridge, "SBX_SUBNET": subnet, "SBX_PORT": str(port), "SBX_PROXY_PORT": str(S.free_port()),
-        "SBX_AUTO_SNAPSHOT_SECONDS": "0", "SBX_NODE_URL": node.url, "SBX_NODE_TOKEN": node.token,
+        "SBX_AUTO_SNAPSHOT_SECONDS": "0", "SBX_CONSOLIDATE_SECONDS": "0", "SBX_NODE_URL": node.url,
+        "SBX_NODE_TOKEN": node.token,
         "SBX_NODE_HEARTBEAT_SECONDS": "1", "SBX_NODE_UNREACHABLE_SECONDS": "5",
         "HOME": str(tmp / "home"), "PATH": f"{S.VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
