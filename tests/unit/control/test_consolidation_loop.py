@@ -9,26 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control.capacity import HostResources
 from sbx.control.consolidate import Consolidator
 from sbx.node.types import NodeError
-from tests.fakes import FakeNode, fake_settings, wait_until
+from tests.fakes import two_node_plane, wait_until
 
 GiB = 1 << 30
 
 
 def test_a_pass_drains_the_light_added_node_and_a_failed_move_puts_it_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sbx.control.service import ControlPlane
-
-    one, two = FakeNode(tmp_path / "one"), FakeNode(tmp_path / "two")
-    two.name = "fake2"
-    cp = ControlPlane(fake_settings(tmp_path, node_heartbeat_seconds=0.1), one, wait=5.0,
-                      host=lambda: HostResources(4096, 50 * GiB, "/fake"))
-    cp.start()
-    try:
-        cp.router.attach("fake2", "fake://two", two)
-        cp.registry.beat()
+    with two_node_plane(tmp_path) as (cp, one, two):
         cp.store.add_node("fake2", "fake://two", "sealed-token", cp.registry.row("fake2").info or {})  # added
         k = Consolidator(cp, period=0)
         assert k.run_once().reason == "no light node"  # nothing anywhere
@@ -69,5 +59,3 @@ def test_a_pass_drains_the_light_added_node_and_a_failed_move_puts_it_back(
         why = {n["name"]: n["why"] for n in plan.nodes}["fake2"]
         assert why.startswith("its last consolidation left sandboxes on it: not tried again for"), why
         assert moves == [(sid, "fake2", one.name, "consolidation")]
-    finally:
-        cp.close()
