@@ -164,6 +164,17 @@ class Settings:
     node_unreachable_seconds: float = 6.0
     """A node whose last answered heartbeat is older than this is ``unreachable`` (its sandboxes show
     ``nodeStatus: "unreachable"``, their ``state`` unchanged)."""
+    consolidate_seconds: float = 300.0
+    """Consolidation (issue 11, :mod:`sbx.control.packing`): seconds between two passes of the loop that empties a
+    lightly used node onto fuller ones (live migration for running sandboxes) and reports it removable. 0 = off."""
+    consolidate_light_fraction: float = 0.25
+    """A node is light (a candidate to empty) while the memory its sandboxes that are not stopped hold is below this
+    share of the memory it may promise."""
+    consolidate_headroom: float = 0.2
+    """Share of its promisable memory each destination of a consolidation (and the ready nodes together) keeps
+    free after the moves."""
+    consolidate_max_moves: int = 20
+    """A node holding more sandboxes than this is not emptied by consolidation (it bounds one pass's work)."""
     stats_sample_seconds: float = 5.0
     """Seconds between two stats samples of each running sandbox, kept for the last hour for the console's graphs
     (``GET /v1/sandboxes/{id}/stats``, :mod:`sbx.control.sampler`). 0 = no sampling."""
@@ -245,6 +256,10 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_NODE_HEARTBEAT_SECONDS": ("node_heartbeat_seconds", float),
     "SBX_NODE_UNREACHABLE_SECONDS": ("node_unreachable_seconds", float),
     "SBX_STATS_SAMPLE_SECONDS": ("stats_sample_seconds", float),
+    "SBX_CONSOLIDATE_SECONDS": ("consolidate_seconds", float),
+    "SBX_CONSOLIDATE_LIGHT_FRACTION": ("consolidate_light_fraction", float),
+    "SBX_CONSOLIDATE_HEADROOM": ("consolidate_headroom", float),
+    "SBX_CONSOLIDATE_MAX_MOVES": ("consolidate_max_moves", int),
 }
 
 

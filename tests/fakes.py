@@ -19,8 +19,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -498,6 +500,27 @@ def make_api(tmp_path: Path, **kw) -> Iterator[Api]:  # type: ignore[no-untyped-
     node.close()
 
 
+
+
+@contextmanager
+def two_node_plane(tmp_path: Path) -> Iterator[tuple[Any, FakeNode, FakeNode]]:
+    """A started :class:`sbx.control.service.ControlPlane` driving two fake nodes: its embedded ``fake`` (a 4 GiB
+    host with 50 GiB free) and ``fake2`` attached at ``fake://two``, heartbeaten once; yields ``(cp, one, two)``
+    and closes the plane afterwards."""
+    from sbx.control.capacity import HostResources
+    from sbx.control.service import ControlPlane
+
+    one, two = FakeNode(tmp_path / "one"), FakeNode(tmp_path / "two")
+    two.name = "fake2"
+    cp = ControlPlane(fake_settings(tmp_path, node_heartbeat_seconds=0.1), one, wait=5.0,
+                      host=lambda: HostResources(4096, 50 << 30, "/fake"))
+    cp.start()
+    try:
+        cp.router.attach("fake2", "fake://two", two)
+        cp.registry.beat()
+        yield cp, one, two
+    finally:
+        cp.close()
 
 
 def make_control(tmp_path: Path, node: FakeNode, **settings_kw: object):  # type: ignore[no-untyped-def]

@@ -38,6 +38,7 @@ Endpoints::
     POST   /v1/nodes/{name}/cordon | /uncordon         no new sandboxes there 200 {"node"}
     POST   /v1/nodes/{name}/drain                      move all off it        202 {"drain"}
     GET    /v1/nodes/{name}/drain                      its progress           200 {"drain"}
+    GET    /v1/consolidation                           the loop's last plan   200 {"consolidation"}
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
 
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
@@ -64,7 +65,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import account_routes, console, errors, sandbox_io, secrets_api
+from sbx.api import account_routes, console, consolidation_api, errors, sandbox_io, secrets_api
 from sbx.api import schemas as S
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.models import (
@@ -79,6 +80,7 @@ from sbx.api.models import (
 )
 from sbx.config import Settings
 from sbx.control.accounts import Principal
+from sbx.control.consolidate import Consolidator
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane, job_view
@@ -148,17 +150,19 @@ def create_app(
     plane (default: a new one on ``settings.db_url``). ``reaper_tick``: seconds between TTL/auto-snapshot passes.
     ``wait``: seconds a conflicting request waits for an operation in flight before ``409 busy``.
     ``serve_proxy``: also listen for hosted-port traffic on ``settings.proxy_port`` (:mod:`sbx.api.proxy`).
-    Starting the app (its lifespan) reconciles with the node and starts the reaper (and the proxy); stopping it stops
-    them.
+    Starting the app (its lifespan) reconciles with the node and starts the reaper, the consolidation loop
+    (:mod:`sbx.control.consolidate`) and the proxy; stopping it stops them.
     """
     api_token = token if token is not None else ensure_token(settings)
     cp = control or ControlPlane(settings, node, wait=wait)
     reaper = Reaper(cp, tick=reaper_tick)
+    consolidator = Consolidator(cp)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         cp.start()
         reaper.start()
+        consolidator.start()
         proxy = None
         if serve_proxy:
             from sbx.api.proxy import Proxy
@@ -170,6 +174,7 @@ def create_app(
         finally:
             if proxy is not None:
                 await proxy.close()
+            consolidator.stop()
             reaper.stop()
             cp.close()
 
@@ -182,6 +187,7 @@ def create_app(
     )
     app.state.control = cp
     app.state.reaper = reaper
+    app.state.consolidator = consolidator
     cp.accounts.bootstrap(api_token)
     app.state.gate = Gate(cp.accounts, settings)
 
@@ -462,6 +468,7 @@ def create_app(
     sandbox_io.register(app, v1, cp)
     account_routes.register(v1, cp)
     secrets_api.register(v1, cp)
+    consolidation_api.register(v1, consolidator)
     console.register(app)
     app.include_router(v1)
     return app

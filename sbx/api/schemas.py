@@ -106,12 +106,16 @@ class NodeLoad(_Out):
 class Node(_Out):
     """A node agent in the registry: ``status`` ``unreachable`` when its heartbeats stopped answering, ``cordoned``
     when no new sandbox may go there; ``capacity``, ``load`` and the memory-image ``fingerprint`` are from its last
-    answered heartbeat (``lastSeen``); ``sandboxes`` counts the sandboxes it holds."""
+    answered heartbeat (``lastSeen``); ``sandboxes`` counts the sandboxes it holds. ``removable``: an added node
+    that is cordoned and holds no sandbox (``sbx node remove`` takes it); ``consolidatedAt``: when consolidation
+    emptied it (null otherwise; an uncordon clears it)."""
 
     name: str
     url: str
     status: NodeStatus
     cordoned: bool
+    removable: bool
+    consolidatedAt: str | None
     lastSeen: str | None
     registeredAt: str | None
     sandboxes: int
@@ -153,9 +157,11 @@ class DrainItem(_Out):
 
 class Drain(_Out):
     """A node's drain (it is cordoned first): ``state`` ``draining`` or ``done``; ``empty`` once done: true when
-    nothing is left on the node; ``sandboxes`` in the order they are moved."""
+    nothing is left on the node; ``sandboxes`` in the order they are moved; ``reason`` ``drain`` (``sbx node
+    drain``) or ``consolidation`` (the consolidation loop), as in the sandboxes' move events."""
 
     node: str
+    reason: str
     state: Literal["draining", "done"]
     startedAt: str
     finishedAt: str | None
@@ -165,6 +171,64 @@ class Drain(_Out):
 
 class DrainOut(_Out):
     drain: Drain
+
+
+class ConsolidationNode(_Out):
+    """One node as the last consolidation pass saw it: memory ``usedMiB`` (sandboxes that are not stopped) of
+    ``capacityMiB`` (what it may promise), ``fraction`` of it used, ``light`` (a candidate to empty) and ``why``
+    not, when it is not."""
+
+    name: str
+    status: NodeStatus
+    usedMiB: int
+    capacityMiB: int
+    fraction: float
+    sandboxes: int
+    light: bool
+    why: str | None
+
+
+class ConsolidationMove(_Out):
+    id: str
+    to: str
+
+
+class ConsolidationPlan(_Out):
+    """A pass's decision: ``action`` ``drain`` (empty ``node``, each sandbox to its ``moves`` destination),
+    ``return`` (uncordon ``node``, emptied earlier: the ready nodes are short of room) or ``none``; ``reason`` in
+    words (e.g. ``no light node``, ``the rest lack room: ...``)."""
+
+    action: Literal["drain", "return", "none"]
+    node: str | None
+    reason: str
+    moves: list[ConsolidationMove]
+    nodes: list[ConsolidationNode]
+
+
+class ConsolidationRules(_Out):
+    lightFraction: float
+    headroom: float
+    maxMoves: int
+
+
+class Consolidation(_Out):
+    """``GET /v1/consolidation``: whether the loop runs (``enabled``, every ``periodS`` seconds) and leads on this
+    replica (``leader``), its ``rules``, the last pass (``lastRunAt``, ``plan``; null before the first), the last
+    drain it started (``drain``) and what that ended with (``outcome``), and the nodes now ``removable``."""
+
+    enabled: bool
+    periodS: float
+    leader: bool
+    rules: ConsolidationRules
+    lastRunAt: str | None
+    plan: ConsolidationPlan | None
+    drain: Drain | None
+    outcome: str | None
+    removable: list[str]
+
+
+class ConsolidationOut(_Out):
+    consolidation: Consolidation
 
 
 class Snapshot(_Out):

@@ -3,9 +3,10 @@
 ``sbx node serve`` runs this host's node agent (sandboxes, disks, network) with its own HTTP API on
 ``--host``/``--port`` (settings ``node_host``/``node_port``, default 127.0.0.1:7700), authenticated with the node
 token (``SBX_NODE_TOKEN``, or one it makes in ``<state_dir>/node-token``). A server reaches it with
-``SBX_NODE_URL=http://HOST:PORT SBX_NODE_TOKEN=... sbx server``. ``sbx node list [--json]``, ``sbx node cordon NODE``
-and ``sbx node uncordon NODE`` ask the server about its registry (:mod:`sbx.control.registry`); ``sbx node add URL
---token T`` and ``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.noderouter`).
+``SBX_NODE_URL=http://HOST:PORT SBX_NODE_TOKEN=... sbx server``. ``sbx node list [--json]``, ``sbx node cordon NODE``,
+``sbx node uncordon NODE``, ``sbx node drain NODE`` and ``sbx node consolidation`` ask the server about its registry
+(:mod:`sbx.control.registry`), its drains and its consolidation loop; ``sbx node add URL --token T`` and
+``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.noderouter`).
 """
 
 from __future__ import annotations
@@ -73,14 +74,17 @@ def _gib(n: float) -> str:
 @handle_errors
 def list_(json_: bool = JSON_OPT) -> None:
     """The nodes the servers heartbeat: STATUS is ready, cordoned or unreachable (no heartbeat answered for
-    SBX_NODE_UNREACHABLE_SECONDS); MEMORY, DISK FREE and VCPUS are its capacity, LOAD its 1-minute load."""
+    SBX_NODE_UNREACHABLE_SECONDS), with ", removable" for an added node that is cordoned and empty (by a drain or
+    consolidation: `sbx node remove` takes it); MEMORY, DISK FREE and VCPUS are its capacity, LOAD its 1-minute
+    load."""
     with client() as c:
         items = c.run(P.nodes())
     if json_:
         print_json({"nodes": items})
         return
     print_table(("NAME", "STATUS", "SANDBOXES", "MEMORY", "DISK FREE", "VCPUS", "LOAD", "CPU", "URL"),
-                ((n["name"], n["status"], str(n["sandboxes"]), f"{n['capacity']['memoryMiB']} MiB",
+                ((n["name"], n["status"] + (", removable" if n.get("removable") else ""), str(n["sandboxes"]),
+                  f"{n['capacity']['memoryMiB']} MiB",
                   _gib(n["capacity"]["diskFreeBytes"]), str(n["capacity"]["vcpus"]), f"{n['load']['load1']:.2f}",
                   n["fingerprint"].get("cpuModel", ""), n["url"]) for n in items))
 
@@ -184,3 +188,42 @@ def drain(
                   "stay", markup=False)
     if wait and not d["empty"]:
         raise typer.Exit(1)
+
+
+@app.command("consolidation")
+@handle_errors
+def consolidation(json_: bool = JSON_OPT) -> None:
+    """What the consolidation loop (SBX_CONSOLIDATE_SECONDS) decided last: which light node it empties onto
+    fuller ones and where each sandbox goes, or why it empties none; each node's memory use; its last drain."""
+    with client() as c:
+        k = c.run(P.consolidation())
+    if json_:
+        print_json({"consolidation": k})
+        return
+    r = k["rules"]
+    if not k["enabled"]:
+        out.print("consolidation is off (SBX_CONSOLIDATE_SECONDS=0)", markup=False)
+    else:
+        out.print(f"consolidation every {k['periodS']:g} s: a node is light below {r['lightFraction']:.0%} of its "
+                  f"memory used; destinations keep {r['headroom']:.0%} free", markup=False)
+    if not k["leader"]:
+        out.print("this server replica does not lead consolidation (another one does)", markup=False)
+    plan = k["plan"]
+    if plan is None:
+        out.print("no pass yet", markup=False)
+    else:
+        out.print(f"last pass {k['lastRunAt']}: {plan['action']}: {plan['reason']}", markup=False)
+        for m in plan["moves"]:
+            out.print(f"  {m['id']} -> {m['to']}", markup=False)
+        print_table(("NAME", "STATUS", "USED", "CAPACITY", "SANDBOXES", "LIGHT"),
+                    ((n["name"], n["status"], f"{n['usedMiB']} MiB ({n['fraction']:.0%})", f"{n['capacityMiB']} MiB",
+                      str(n["sandboxes"]), "yes" if n["light"] else f"no: {n['why']}") for n in plan["nodes"]))
+    d = k["drain"]
+    if d is not None:
+        out.print(f"last consolidation drain of {d['node']}: {d['state']}", markup=False)
+        for item in d["sandboxes"]:
+            out.print(_drain_line(item), markup=False)
+    if k["outcome"]:
+        out.print(k["outcome"], markup=False)
+    if k["removable"]:
+        out.print("removable: " + ", ".join(k["removable"]), markup=False)

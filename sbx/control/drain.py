@@ -15,6 +15,10 @@ where it is, running or stopped; ``migration_failed``, ``transfer_failed``... fr
 or ``gone`` (deleted meanwhile). The drain ends with ``empty`` true when nothing is left on the node; the node
 stays cordoned (``sbx node uncordon`` it, or ``sbx node remove`` it once empty).
 
+Consolidation (:mod:`sbx.control.consolidate`) runs its drains here too, with a ``plan`` of destinations
+(``{sandbox id: node}``; placement picks when a planned node no longer may take the sandbox) and ``reason``
+``consolidation``; every drain's move events carry its ``reason`` (``drain`` for ``sbx node drain``).
+
 The record of a drain lives in the memory of the replica that runs it (``GET /v1/nodes/{name}/drain`` on that
 replica); the moves themselves are ordinary lifecycle operations, persisted and crash-safe as such.
 """
@@ -25,6 +29,7 @@ import copy
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sbx.control import placement
@@ -57,11 +62,19 @@ class Drains:
                 raise ControlError("not_found", f"no drain of node {name!r} on this server", 404)
             return copy.deepcopy(d)
 
-    def start(self, name: str) -> dict[str, Any]:
-        """Cordon node ``name`` and start draining it in a thread; returns the drain record at once (a drain
-        already running there is returned as it is)::
+    def running(self) -> list[str]:
+        """The nodes this replica is draining now."""
+        with self._guard:
+            return [n for n, d in self._drains.items() if d["state"] == "draining"]
 
-            {"node", "state": "draining"|"done", "startedAt", "finishedAt", "empty": bool|None,
+    def start(self, name: str, plan: dict[str, str] | None = None, reason: str = "drain",
+              on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Cordon node ``name`` and start draining it in a thread; returns the drain record at once (a drain
+        already running there is returned as it is). ``plan``: ``{sandbox id: preferred destination}``;
+        ``reason`` goes into the record and the move events; ``on_done(record)`` is called (in the drain's
+        thread) once it has finished::
+
+            {"node", "reason", "state": "draining"|"done", "startedAt", "finishedAt", "empty": bool|None,
              "sandboxes": [{"id", "name", "action": "migrate"|"move"|"none", "status": "pending"|"moving"|"done"|
                             "failed"|"gone", "from", "to", "error": {"code","message"}|None, "pauseS", "totalS",
                             "seconds"}]}
@@ -81,24 +94,26 @@ class Drains:
                         "action": {"running": "migrate", "stopped": "move"}.get(r.state, "none"),
                         "status": "pending", "from": name, "to": None, "error": None, "pauseS": None,
                         "totalS": None, "seconds": None} for r in rows]
-            record: dict[str, Any] = {"node": name, "state": "draining", "startedAt": iso(utcnow()),
+            record: dict[str, Any] = {"node": name, "reason": reason, "state": "draining", "startedAt": iso(utcnow()),
                                       "finishedAt": None, "empty": None, "sandboxes": entries}
             self._drains[name] = record
             out = copy.deepcopy(record)
         log.info("draining node %s: %d sandboxes to move", name, len(entries))
-        threading.Thread(target=self._run, args=(record,), name=f"sbx-drain-{name}", daemon=True).start()
+        threading.Thread(target=self._run, args=(record, dict(plan or {}), on_done), name=f"sbx-drain-{name}",
+                         daemon=True).start()
         return out
 
     def _set(self, entry: dict[str, Any], **fields: Any) -> None:
         with self._guard:
             entry.update(fields)
 
-    def _run(self, record: dict[str, Any]) -> None:
+    def _run(self, record: dict[str, Any], plan: dict[str, str],
+             on_done: Callable[[dict[str, Any]], None] | None) -> None:
         name = record["node"]
         for entry in record["sandboxes"]:
             t0 = time.monotonic()
             try:
-                self._one(name, entry)
+                self._one(name, entry, plan.get(entry["id"]), record["reason"])
             except ControlError as e:
                 self._set(entry, status="failed", error={"code": e.code, "message": e.message})
             except NodeError as e:
@@ -115,9 +130,15 @@ class Drains:
         with self._guard:
             record.update(state="done", finishedAt=iso(utcnow()), empty=not left)
         log.info("drained node %s: %s", name, "empty" if not left else f"{len(left)} sandboxes stay")
+        if on_done is not None:
+            try:
+                on_done(self.get(name))
+            except Exception:
+                log.exception("after the drain of %s", name)
 
-    def _one(self, name: str, entry: dict[str, Any]) -> None:
-        """Move one sandbox off node ``name``; records the outcome in ``entry``."""
+    def _one(self, name: str, entry: dict[str, Any], prefer: str | None, reason: str) -> None:
+        """Move one sandbox off node ``name`` (to ``prefer`` when it may take it); records the outcome in
+        ``entry``."""
         cp, sid = self.cp, entry["id"]
         row = cp.store.get_sandbox(sid)
         if row is not None and row.state in TRANSIENT:
@@ -136,8 +157,7 @@ class Drains:
             return
         if row.state == "running":
             self._set(entry, action="migrate", status="moving")
-            started = cp.migrate(sid)
-            del started
+            cp.migrate(sid, prefer=prefer, reason=reason)
             after = cp.lifecycle.wait_for(sid, {"running", "error"}, MIGRATE_WAIT)
             if (after.node or cp.router.default_name) != name and after.state == "running":
                 fig = cp.migration_figures.get(sid, {})
@@ -153,8 +173,8 @@ class Drains:
                 with cp.lifecycle.cond:
                     place = placement.choose_move(cp._candidates(exclude=sid), cp.settings, cp._size(fresh.type),
                                                   f"the move of {sid}", name, live=False,
-                                                  has_memory=fresh.has_memory)
-                cp._move(sid, name, place.node)
+                                                  has_memory=fresh.has_memory, prefer=prefer)
+                cp._move(sid, name, place.node, reason)
             self._set(entry, status="done", to=place.node)
             return
         raise ControlError("invalid_state", f"sandbox {sid} is {row.state}: it stays on node {name} (delete it, "

@@ -18,6 +18,8 @@
    ``migrate_failed``. Only ``migration_unconfirmed`` (the source can't ask the destination whether it took over;
    the source keeps its copy paused) leaves the row in ``error`` with that code.
 
+A migration a drain or consolidation makes carries ``reason`` (``drain``, ``consolidation``) in those events.
+
 A server killed during a move: at its next start, before the nodes reconcile, :meth:`MigrateOps._find_migrated`
 asks the source about each row still ``migrating`` (which waits for a node-level move still in flight: it holds
 the sandbox's lock there) and, when the source no longer has it, asks every other node and points the row at the
@@ -58,18 +60,20 @@ class MigrateOps(MoveOps):
         return {n: "it is this server's embedded node (no node API to receive a live migration)"
                 for n, (url, _a) in self.router.agents().items() if url == "local"}
 
-    def _migrate_place(self, row: SandboxRow) -> str:
-        """The destination of ``row``'s live migration (caller holds the lifecycle lock). Raises ``507
-        insufficient_capacity`` naming each node's reason."""
+    def _migrate_place(self, row: SandboxRow, prefer: str | None = None) -> str:
+        """The destination of ``row``'s live migration (caller holds the lifecycle lock): ``prefer`` when it may
+        take it, else the node placement picks. Raises ``507 insufficient_capacity`` naming each node's reason."""
         current = row.node or self.router.default_name
         what = f"the live migration of {row.id}"
         place = placement.choose_move(self._candidates(exclude=row.id), self.settings, self._size(row.type), what,
-                                      current, live=True, unusable=self._no_api())
+                                      current, live=True, unusable=self._no_api(), prefer=prefer)
         return place.node
 
-    def migrate(self, sandbox_id: str, wait: float | None = None) -> SandboxRow:
-        """Start the live migration of running sandbox ``sandbox_id`` to the node placement picks; returns the row
-        in ``migrating`` (its ``node`` still the source) at once, the move runs in a worker (module docstring).
+    def migrate(self, sandbox_id: str, wait: float | None = None, prefer: str | None = None,
+                reason: str | None = None) -> SandboxRow:
+        """Start the live migration of running sandbox ``sandbox_id`` to node ``prefer`` when it may take it, else
+        to the node placement picks; returns the row in ``migrating`` (its ``node`` still the source) at once, the
+        move runs in a worker (module docstring). ``reason`` (``drain``, ``consolidation``) goes into its events.
         Raises 404, 409 ``not_running`` (not running once any operation in flight settled) / ``busy``, 507
         ``insufficient_capacity`` (no other ready node with room and a matching fingerprint: nothing changed)."""
         chosen: dict[str, str] = {}
@@ -79,13 +83,14 @@ class MigrateOps(MoveOps):
                 return ControlError("not_running", f"sandbox {row.id} is {row.state}; only a running sandbox "
                                     "migrates (a stopped one moves when it resumes)", 409, row.state)
             chosen["src"] = row.node or self.router.default_name
-            chosen["dst"] = self._migrate_place(row)
+            chosen["dst"] = self._migrate_place(row, prefer)
             return None
 
         before, after = self.lifecycle.begin(sandbox_id, "migrating", check, wait, error_code=None,
                                              error_message=None)
         src, dst = chosen["src"], chosen["dst"]
-        self.add_event(sandbox_id, {"event": "migrating", "id": sandbox_id, "from": src, "to": dst})
+        why = {"reason": reason} if reason else {}
+        self.add_event(sandbox_id, {"event": "migrating", "id": sandbox_id, "from": src, "to": dst, **why})
         spec = self._spec(before)
 
         def work() -> None:
@@ -97,14 +102,15 @@ class MigrateOps(MoveOps):
                 figures = migration.migrate(cast(migration.MigrationNode, self.router.agent(src)),
                                             cast(migration.MigrationNode, agents[dst][1]), agents[dst][0], spec)
             except NodeError as e:
-                self._migrate_failed(sandbox_id, src, dst, e)
+                self._migrate_failed(sandbox_id, src, dst, e, reason)
                 return
-            self._migrated(sandbox_id, src, dst, figures)
+            self._migrated(sandbox_id, src, dst, figures, reason)
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
 
-    def _migrated(self, sandbox_id: str, src: str, dst: str, figures: dict[str, Any]) -> None:
+    def _migrated(self, sandbox_id: str, src: str, dst: str, figures: dict[str, Any], reason: str | None = None
+                  ) -> None:
         """The destination runs it: commit the node column, re-apply per-node settings, back to ``running``."""
         self.store.update_sandbox(sandbox_id, node=dst)  # the commit point
         try:
@@ -120,15 +126,17 @@ class MigrateOps(MoveOps):
                  pause or 0.0)
         # the event before the settled state: a follower of the events until settled sees it
         self.add_event(sandbox_id, {"event": "migrated", "id": sandbox_id, "from": src, "to": dst,
-                                    "pauseS": pause, "totalS": total})
+                                    "pauseS": pause, "totalS": total, **({"reason": reason} if reason else {})})
         self.lifecycle.transition(sandbox_id, "running")
 
-    def _migrate_failed(self, sandbox_id: str, src: str, dst: str, e: NodeError) -> None:
+    def _migrate_failed(self, sandbox_id: str, src: str, dst: str, e: NodeError, reason: str | None = None
+                        ) -> None:
         """The move failed: the sandbox runs on its source (``migration_unconfirmed``: ``error``)."""
         log.warning("migrating %s from %s to %s failed: %s: %s", sandbox_id, src, dst, e.code, e.message)
         state = "error" if e.code == "migration_unconfirmed" else "running"
         self.add_event(sandbox_id, {"event": "migrate_failed", "id": sandbox_id, "from": src, "to": dst,
-                                    "state": state, "error": {"code": e.code, "message": e.message}})
+                                    "state": state, "error": {"code": e.code, "message": e.message},
+                                    **({"reason": reason} if reason else {})})
         self.lifecycle.transition(sandbox_id, state, error_code=e.code, error_message=e.message)
 
     def _find_migrated(self) -> None:

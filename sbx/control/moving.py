@@ -66,15 +66,17 @@ class MoveOps(PlaneBase):
                                 "stopped (resume without --require-memory to boot it from its disk)")
             time.sleep(min(2.0, left))
 
-    def _move(self, sandbox_id: str, src: str, dst: str) -> None:
-        """Move the stopped sandbox from node ``src`` to ``dst`` (module docstring). Raises ``NodeError``; the
-        sandbox is then still on ``src``."""
+    def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None) -> None:
+        """Move the stopped sandbox from node ``src`` to ``dst`` (module docstring); event ``moved`` (with
+        ``reason``, e.g. ``drain`` or ``consolidation``, when given). Raises ``NodeError``; the sandbox is then
+        still on ``src``."""
         info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
         self.store.update_sandbox(sandbox_id, node=dst)
         log.info("moved %s from %s to %s: %d bytes in %d files (%s disk delta, memory %s) in %.2f s", sandbox_id,
                  src, dst, info["bytes"], info["files"], info["delta"], info["memory"], info["seconds"])
         self.add_event(sandbox_id, {"event": "moved", "id": sandbox_id, "from": src, "to": dst,
-                                    "bytes": info["bytes"], "memory": info["memory"]})
+                                    "bytes": info["bytes"], "memory": info["memory"],
+                                    **({"reason": reason} if reason else {})})
         try:
             self.router.agent(src).delete(sandbox_id)
         except NodeError as e:  # its next reconcile removes it: the store no longer puts it there

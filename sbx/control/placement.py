@@ -91,6 +91,11 @@ def _best(cands: list[Candidate], settings: Settings) -> str:
     return min(cands, key=lambda c: (-c.left_mib(settings), -c.host.disk_free_bytes, c.name)).name
 
 
+def _pick(cands: list[Candidate], settings: Settings, prefer: str | None) -> str:
+    """``prefer`` when it is among ``cands``, else :func:`_best`."""
+    return prefer if prefer is not None and any(c.name == prefer for c in cands) else _best(cands, settings)
+
+
 def choose(candidates: Iterable[Candidate], settings: Settings, size: Size, what: str,
            only: str | None = None) -> str:
     """The node for a new sandbox (or fork, with ``only`` = its source's node; or ``new --from``, with ``only`` =
@@ -148,14 +153,15 @@ def choose_resume(candidates: Iterable[Candidate], settings: Settings, size: Siz
 
 
 def choose_move(candidates: Iterable[Candidate], settings: Settings, size: Size, what: str, current: str,
-                live: bool, has_memory: bool = False, unusable: dict[str, str] | None = None) -> ResumePlace:
+                live: bool, has_memory: bool = False, unusable: dict[str, str] | None = None,
+                prefer: str | None = None) -> ResumePlace:
     """Where sandbox ``what`` (on node ``current``, at ``size``) moves to off its node (a live migration when
     ``live``, else the move of a stopped one, with a memory image when ``has_memory``): never ``current``; only
     ``ready`` nodes with room. A live migration needs a node whose memory-image fingerprint matches
     ``current``'s; a stopped move prefers one (its memory image stays usable), else takes any. ``unusable``:
     ``{node: why}`` of nodes that can't take this kind of move at all (e.g. one with no node API to receive a
-    migration). The one with most room first. Raises ``507 insufficient_capacity`` naming each node's reason
-    (nothing changes)."""
+    migration). The one with most room first, unless ``prefer`` (a node consolidation planned) is among those
+    that may take it. Raises ``507 insufficient_capacity`` naming each node's reason (nothing changes)."""
     cands = list(candidates)
     src = next((c for c in cands if c.name == current), None)
     fp = src.fingerprint if src is not None else {}
@@ -174,12 +180,12 @@ def choose_move(candidates: Iterable[Candidate], settings: Settings, size: Size,
                 raise ControlError("insufficient_capacity", f"no node can take {what}: no other node is "
                                                             "registered", 507)
             raise _refuse(what, no)
-        return ResumePlace(_best(matching, settings), moves=True, memory=True)
+        return ResumePlace(_pick(matching, settings, prefer), moves=True, memory=True)
     if not ok:
         if not no:
             raise ControlError("insufficient_capacity", f"no node can take {what}: no other node is registered",
                                507)
         raise _refuse(what, no)
     if has_memory and matching:
-        return ResumePlace(_best(matching, settings), moves=True, memory=True)
-    return ResumePlace(_best(ok, settings), moves=True, memory=False)
+        return ResumePlace(_pick(matching, settings, prefer), moves=True, memory=True)
+    return ResumePlace(_pick(ok, settings, prefer), moves=True, memory=False)

@@ -132,9 +132,11 @@ class NodeRegistry:
         return self._status(row)
 
     def view(self, row: NodeRow) -> dict[str, Any]:
-        """The API shape of a node: ``{"name","url","status","cordoned","lastSeen","registeredAt","sandboxes",
-        "capacity": {"memoryMiB","diskFreeBytes","vcpus"}, "load": {"load1","running"}, "fingerprint": {...}}``
-        (``sandboxes``: how many not-deleted sandboxes it holds, by the store)."""
+        """The API shape of a node: ``{"name","url","status","cordoned","removable","consolidatedAt","lastSeen",
+        "registeredAt","sandboxes","capacity": {"memoryMiB","diskFreeBytes","vcpus"}, "load": {"load1","running"},
+        "fingerprint": {...}}`` (``sandboxes``: how many not-deleted sandboxes it holds, by the store;
+        ``removable``: an added node that is cordoned and holds none, so ``sbx node remove`` takes it;
+        ``consolidatedAt``: when consolidation emptied it, :mod:`sbx.control.consolidate`)."""
         info = row.info or {}
         count = sum(1 for s in self.store.list_sandboxes() if (s.node or self.name) == row.name)
         return {
@@ -142,6 +144,8 @@ class NodeRegistry:
             "url": row.url,
             "status": self._status(row),
             "cordoned": bool(row.cordoned),
+            "removable": bool(row.cordoned) and count == 0 and bool(row.token),
+            "consolidatedAt": iso(row.consolidated_at),
             "lastSeen": iso(row.last_seen),
             "registeredAt": iso(row.registered_at),
             "sandboxes": count,

@@ -129,7 +129,8 @@ class EventRow(Base):
 class NodeRow(Base):
     """A node agent in the registry: ``url`` (``local`` for the embedded node), ``cordoned`` (no new sandboxes),
     ``last_seen`` (the last answered heartbeat), ``info`` (that heartbeat's capacity, load and fingerprint),
-    ``token`` (an added node's token, sealed: :mod:`sbx.control.noderouter`; None for the configured node)."""
+    ``token`` (an added node's token, sealed: :mod:`sbx.control.noderouter`; None for the configured node),
+    ``consolidated_at`` (when consolidation emptied it, :mod:`sbx.control.consolidate`; cleared by an uncordon)."""
 
     __tablename__ = "nodes"
 
@@ -140,6 +141,7 @@ class NodeRow(Base):
     last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     info: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     token: Mapped[str | None] = mapped_column(Text, nullable=True)
+    consolidated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 def alembic_config(url: str) -> Config:
@@ -362,13 +364,25 @@ class Store:
             return list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
 
     def set_node_cordoned(self, name: str, cordoned: bool) -> NodeRow:
-        """Cordon or uncordon node ``name``; returns the row. Raises KeyError for an unknown node."""
+        """Cordon or uncordon node ``name`` (an uncordon clears ``consolidated_at``); returns the row. Raises
+        KeyError for an unknown node."""
         with self.session() as s, s.begin():
             row = s.get(NodeRow, name)
             if row is None:
                 raise KeyError(name)
             row.cordoned = cordoned
+            if not cordoned:
+                row.consolidated_at = None
         return row
+
+    def set_node_consolidated(self, name: str, when: dt.datetime | None) -> None:
+        """Record that consolidation emptied node ``name`` at ``when`` (None: clear it). Raises KeyError for an
+        unknown node."""
+        with self.session() as s, s.begin():
+            row = s.get(NodeRow, name)
+            if row is None:
+                raise KeyError(name)
+            row.consolidated_at = when
 
     def bulk_states(self, rows: Iterable[SandboxRow]) -> dict[str, str]:
         return {r.id: r.state for r in rows}

@@ -269,6 +269,13 @@ def drain_status(name: str) -> Call:
     return dict(resp.body["drain"])
 
 
+def consolidation() -> Call:
+    """``GET /v1/consolidation``; the consolidation dict (enabled, periodS, leader, rules, lastRunAt, plan: action,
+    node, reason, moves, nodes; drain, outcome, removable)."""
+    resp = yield Request("GET", "/v1/consolidation")
+    return dict(resp.body["consolidation"])
+
+
 def delete_snapshot(name: str) -> Call:
     """``DELETE /v1/snapshots/{name}``."""
     yield Request("DELETE", f"/v1/snapshots/{name}")

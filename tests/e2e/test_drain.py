@@ -79,6 +79,13 @@ def _info(srv: Server, sid: str) -> dict:  # type: ignore[type-arg]
     return json.loads(ok(srv, "info", sid, "--json"))["sandbox"]  # type: ignore[no-any-return]
 
 
+def start_holder(srv: Server, sid: str) -> None:
+    """Start :data:`HOLDER` in sandbox ``sid`` and wait for its first report."""
+    ok(srv, "exec", sid, f"cat > ~/holder.py <<'EOF'\n{HOLDER}\nEOF")
+    ok(srv, "exec", sid, "--detach", "python3 ~/holder.py")
+    poll(lambda: srv.sbx("exec", sid, "test -s ~/holder.check", timeout=60).returncode == 0, "the holder", 120)
+
+
 def _holder(srv: Server, sid: str) -> list[str]:
     """PID, SHA-256 of the 128 MiB, offset and link count of the unlinked file, as the holder reports them now."""
     ok(srv, "exec", sid, "rm -f ~/holder.check; kill -USR1 $(cat ~/holder.pid); for i in $(seq 100); do "
@@ -108,9 +115,7 @@ def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
     live = ok(srv, "new", "--type", "small").strip()
     parked = ok(srv, "new", "--type", "small").strip()
     assert (_info(srv, live)["node"], _info(srv, parked)["node"]) == (n7, n7)
-    ok(srv, "exec", live, f"cat > ~/holder.py <<'EOF'\n{HOLDER}\nEOF")
-    ok(srv, "exec", live, "--detach", "python3 ~/holder.py")
-    poll(lambda: srv.sbx("exec", live, "test -s ~/holder.check", timeout=60).returncode == 0, "the holder", 120)
+    start_holder(srv, live)
     ok(srv, "exec", live, "mkdir -p ~/site && echo served > ~/site/index.html")
     ok(srv, "exec", live, "--detach", "cd ~/site && python3 -m http.server 8000")
     ok(srv, "exec", live, "for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; "
@@ -170,7 +175,7 @@ def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
     with urllib.request.urlopen(req, timeout=60) as resp:
         events = [json.loads(ln) for ln in resp.read().decode().splitlines() if ln.strip()]
     migrated = [e for e in events if e.get("event") == "migrated"]
-    assert migrated and (migrated[-1]["from"], migrated[-1]["to"]) == (n7, n8), events
+    assert migrated and (migrated[-1]["from"], migrated[-1]["to"], migrated[-1]["reason"]) == (n7, n8, "drain"), events
     assert migrated[-1]["pauseS"] > 0
 
     stopped = _info(srv, parked)
@@ -214,9 +219,7 @@ def test_a_drain_whose_destination_agent_is_killed_halfway_leaves_the_sandbox_ru
     _cordon(srv, nodes, 8)
     sid = ok(srv, "new", "--type", "small").strip()
     assert _info(srv, sid)["node"] == a.node_name
-    ok(srv, "exec", sid, f"cat > ~/holder.py <<'EOF'\n{HOLDER}\nEOF")
-    ok(srv, "exec", sid, "--detach", "python3 ~/holder.py")
-    poll(lambda: srv.sbx("exec", sid, "test -s ~/holder.check", timeout=60).returncode == 0, "the holder", 120)
+    start_holder(srv, sid)
     before = _holder(srv, sid)
     # node 8's agent, restarted to hold every arrival before its restore (everything sent, the source frozen)
     b.stop()

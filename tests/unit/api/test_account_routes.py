@@ -229,11 +229,14 @@ def test_only_the_admin_key_sees_and_cordons_nodes(api: Api) -> None:
     node = api.get("/v1/nodes").json()["nodes"][0]["name"]
     for method, path in (("GET", "/v1/nodes"), ("POST", f"/v1/nodes/{node}/cordon"),
                          ("POST", f"/v1/nodes/{node}/uncordon"), ("POST", f"/v1/nodes/{node}/drain"),
-                         ("GET", f"/v1/nodes/{node}/drain")):
+                         ("GET", f"/v1/nodes/{node}/drain"), ("GET", "/v1/consolidation")):
         r = api.c.request(method, path, headers=a)
         assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_only"), (method, path, r.text)
     assert api.get("/v1/nodes").json()["nodes"][0]["cordoned"] is False
     assert api.post(f"/v1/nodes/{node}/cordon").json()["node"]["cordoned"] is True
+    k = api.get("/v1/consolidation").json()["consolidation"]  # the admin's: the loop's state, no pass yet
+    assert (k["enabled"], k["plan"], k["drain"], k["removable"]) == (True, None, None, [])
+    assert k["rules"] == {"lightFraction": 0.25, "headroom": 0.2, "maxMoves": 20}
 
 
 def test_draining_a_node(api: Api) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sbx.control import placement
 from sbx.control.capacity import HostResources
 from sbx.control.errors import ControlError
-from tests.fakes import FakeNode, fake_settings, wait_until
+from tests.fakes import FakeNode, fake_settings, two_node_plane, wait_until
 
 GiB = 1 << 30
 FP = {"cpuModel": "X", "kernel": "6.1"}
@@ -76,18 +76,8 @@ def test_fingerprints_match_only_when_equal_and_known() -> None:
 
 
 def test_a_plane_with_two_fake_nodes_spreads_and_keeps_forks_home(tmp_path: Path) -> None:
-    one = FakeNode(tmp_path / "one")
-    two = FakeNode(tmp_path / "two")
-    two.name = "fake2"
-    from sbx.control.service import ControlPlane
-
-    # the embedded node measures its host: make it as big as the fake one, so spreading alternates
-    cp = ControlPlane(fake_settings(tmp_path, node_heartbeat_seconds=0.1), one, wait=5.0,
-                      host=lambda: HostResources(4096, 50 * GiB, "/fake"))
-    cp.start()
-    try:
-        cp.router.attach("fake2", "fake://two", two)
-        cp.registry.beat()
+    # the embedded node measures a 4 GiB host, as big as the fake one, so spreading alternates
+    with two_node_plane(tmp_path) as (cp, one, two):
         assert [n["name"] for n in cp.registry.views()] == ["fake", "fake2"]
         rows = [cp.create("small") for _ in range(4)]
         for r in rows:
@@ -104,8 +94,6 @@ def test_a_plane_with_two_fake_nodes_spreads_and_keeps_forks_home(tmp_path: Path
         # cordon fake2: new sandboxes all go to fake
         cp.registry.cordon("fake2", True)
         assert {cp.create("small").node for _ in range(3)} == {"fake"}
-    finally:
-        cp.close()
 
 
 def test_a_move_off_a_node_never_stays_and_a_live_one_needs_a_matching_cpu(tmp_path: Path) -> None:
@@ -137,17 +125,9 @@ def test_a_move_off_a_node_never_stays_and_a_live_one_needs_a_matching_cpu(tmp_p
 def test_a_live_migration_commits_the_node_or_leaves_the_sandbox_running_on_its_source(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sbx.control import migrating
-    from sbx.control.service import ControlPlane
     from sbx.node.types import NodeError
 
-    one, two = FakeNode(tmp_path / "one"), FakeNode(tmp_path / "two")
-    two.name = "fake2"
-    cp = ControlPlane(fake_settings(tmp_path, node_heartbeat_seconds=0.1), one, wait=5.0,
-                      host=lambda: HostResources(4096, 50 * GiB, "/fake"))
-    cp.start()
-    try:
-        cp.router.attach("fake2", "fake://two", two)
-        cp.registry.beat()
+    with two_node_plane(tmp_path) as (cp, one, two):
         cp.registry.cordon("fake2", True)
         sid = cp.create("small").id
         wait_until(lambda: cp.get(sid).state == "running")
@@ -187,23 +167,12 @@ def test_a_live_migration_commits_the_node_or_leaves_the_sandbox_running_on_its_
         with pytest.raises(ControlError) as e:
             cp.migrate(sid)
         assert e.value.code == "not_running"
-    finally:
-        cp.close()
 
 
 def test_a_server_restarted_mid_migration_finds_the_node_that_runs_the_sandbox(tmp_path: Path) -> None:
     """A row left ``migrating`` (the server died during the move) is pointed at the node that runs the sandbox
     when its source no longer has it, and left on its source when that still has it."""
-    from sbx.control.service import ControlPlane
-
-    one, two = FakeNode(tmp_path / "one"), FakeNode(tmp_path / "two")
-    two.name = "fake2"
-    cp = ControlPlane(fake_settings(tmp_path, node_heartbeat_seconds=0.1), one, wait=5.0,
-                      host=lambda: HostResources(4096, 50 * GiB, "/fake"))
-    cp.start()
-    try:
-        cp.router.attach("fake2", "fake://two", two)
-        cp.registry.beat()
+    with two_node_plane(tmp_path) as (cp, one, two):
         cp.registry.cordon("fake2", True)
         stays, moved = cp.create("small").id, cp.create("small").id
         wait_until(lambda: cp.get(stays).state == "running" and cp.get(moved).state == "running")
@@ -213,5 +182,3 @@ def test_a_server_restarted_mid_migration_finds_the_node_that_runs_the_sandbox(t
         cp._find_migrated()
         assert (cp.get(stays).node, cp.get(moved).node) == ("fake", "fake2")
         assert cp.node.status(moved) == "running"
-    finally:
-        cp.close()

@@ -23,8 +23,9 @@ def test_migrations_create_the_schema_and_reopen_cleanly(
     assert {"sandboxes", "snapshots", "events", "routes", "secrets", "secret_bindings", "secret_uses", "nodes",
             "alembic_version"} <= tables
     with s.engine.connect() as c:
-        assert c.execute(text("select version_num from alembic_version")).scalar() == "0009_snapshot_labels"
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0010_node_consolidated"
     assert "labels" in {col["name"] for col in inspect(s.engine).get_columns("sandboxes")}
+    assert "consolidated_at" in {col["name"] for col in inspect(s.engine).get_columns("nodes")}
     s.add_event("sb_x", {"event": "state"})
     s.close()
     again = Store(url)

@@ -1,6 +1,6 @@
 // Nodes (the installation's admin key): each node agent's status, capacity, load and sandboxes from GET /v1/nodes,
 // polled every few seconds, with cordon/uncordon buttons. An account's key gets the API's 403 admin_only, shown
-// as it is worded. Draining a node moves its sandboxes elsewhere; it comes with live migration (issue 11).
+// as it is worded. A node drained or emptied by consolidation (cordoned, empty, added) shows "cordoned, removable".
 import { api, sid } from "../api.js";
 import { attempt, bytes, h, showError } from "../util.js";
 
@@ -11,7 +11,7 @@ function row(n, refresh) {
   return h("tr", { "data-node": n.name },
     h("td", { "data-label": "Node" }, n.name),
     h("td", { "data-label": "Status" }, h("span", { class: `state state-${n.status}`, "data-status": n.status },
-      n.status)),
+      n.removable ? `${n.status}, removable` : n.status)),
     h("td", { "data-label": "Memory", class: "num" }, bytes(n.capacity.memoryMiB * 1024 * 1024)),
     h("td", { "data-label": "Disk free", class: "num" }, bytes(n.capacity.diskFreeBytes)),
     h("td", { "data-label": "vCPUs", class: "num" }, String(n.capacity.vcpus)),
