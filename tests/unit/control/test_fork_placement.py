@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,13 +93,14 @@ def _fake_move(gate: threading.Event | None = None, fail: NodeError | None = Non
     return move
 
 
-def test_a_fork_of_a_full_node_is_made_there_stopped_and_moved(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@contextmanager
+def _full_home(tmp_path: Path) -> Iterator[tuple[Any, FakeNode, FakeNode, str, str]]:
+    """A plane on fake nodes ``fake`` (embedded, may promise 512 MiB: filled by the two running small sandboxes
+    ``a`` and ``b`` it yields) and ``fake2`` (4 GiB): ``(cp, one, two, a, b)``."""
     from sbx.control.service import ControlPlane
 
     one, two = FakeNode(tmp_path / "one"), FakeNode(tmp_path / "two")
     two.name = "fake2"
-    # the embedded node "fake" may promise 512 MiB: two small (256 MiB) sandboxes fill it
     cp = ControlPlane(fake_settings(tmp_path, node_heartbeat_seconds=0.1, memory_reserve_mib=0,
                                     memory_overcommit=1.0), one, wait=5.0,
                       host=lambda: HostResources(512, 50 * GiB, "/fake"))
@@ -109,6 +113,14 @@ def test_a_fork_of_a_full_node_is_made_there_stopped_and_moved(tmp_path: Path,
         for sid in (a, b):
             wait_until(lambda sid=sid: cp.get(sid).state == "running")  # type: ignore[misc]
         cp.registry.cordon("fake2", False)
+        yield cp, one, two, a, b
+    finally:
+        cp.close()
+
+
+def test_a_fork_of_a_full_node_is_made_there_stopped_and_moved(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    with _full_home(tmp_path) as (cp, one, two, a, b):
         monkeypatch.setattr(forking, "move_stopped", _fake_move())
 
         fork = cp.fork(a)
@@ -160,5 +172,23 @@ def test_a_fork_of_a_full_node_is_made_there_stopped_and_moved(tmp_path: Path,
         wait_until(lambda: cp.get(home.id).state == "running")
         assert cp.get(home.id).node == "fake" and ("fork", home.id) in [c[:2] for c in one.calls]
         assert not [ev for ev in cp.events(home.id) if ev["event"] == "moved"]
-    finally:
-        cp.close()
+
+
+def test_a_server_killed_mid_fork_leaves_no_copy_on_the_source_node(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a restarted server does with a fork cut short between its copy on the source's node and the move: the
+    source node's reconcile is not told of it (so a real node removes that folder), the destination's is, and
+    settling the row (``absent`` there) makes it ``error``/``interrupted`` and removes a copy still on the
+    source's node (the replicas' orphan sweep has no reconcile)."""
+    with _full_home(tmp_path) as (cp, one, two, a, _b):
+        gate = threading.Event()
+        monkeypatch.setattr(forking, "move_stopped", _fake_move(gate=gate, fail=NodeError("transfer_failed", "x")))
+        cut = cp.fork(a).id
+        wait_until(lambda: cut in one.boxes and cp.get(cut).state == "provisioning")
+        found = cp.router.reconcile({r.id: r.state for r in cp.store.list_sandboxes()})
+        told = [[set(c[2]["known"]) for c in n.calls if c[0] == "reconcile"][-1] for n in (one, two)]
+        assert cut not in told[0] and cut in told[1] and found[cut] == "absent"
+        cp.settle(cp.get(cut), "absent")
+        row = cp.get(cut)
+        assert (row.state, row.error_code) == ("error", "interrupted") and cut not in one.boxes
+        gate.set()
