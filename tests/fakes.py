@@ -289,12 +289,19 @@ class FakeNode:
         return ResumeResult(memory_restored=False, reason=reason)
 
     def fork(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
-        self._enter("fork", spec.id, source=source_id, size=spec.size.name, memory=memory)
+        self._fork_as("fork", source_id, spec, memory, "running")
+
+    def fork_stopped(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
+        """A fork made here stopped (``checkpointed`` with ``memory``), to move to another node."""
+        self._fork_as("fork_stopped", source_id, spec, memory, "checkpointed" if memory else "stopped")
+
+    def _fork_as(self, op: str, source_id: str, spec: SandboxSpec, memory: bool, status: NodeStatus) -> None:
+        self._enter(op, spec.id, source=source_id, size=spec.size.name, memory=memory)
         src = self._running(source_id) if memory else self._box(source_id)
         d = self.root / spec.id
         shutil.copytree(src.dir, d, ignore=shutil.ignore_patterns(".jobs"))
         with self._lock:
-            self.boxes[spec.id] = _Box(spec=spec, dir=d)
+            self.boxes[spec.id] = _Box(spec=spec, dir=d, status=status)
 
     def snapshot(self, id: str, name: str) -> SnapshotInfo:
         self._enter("snapshot", id, name=name)

@@ -12,8 +12,8 @@ from typing import Any
 from sbx.config import Size
 from sbx.control.accounts import DEFAULT_ACCOUNT
 from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, not_found
+from sbx.control.forking import ForkOps
 from sbx.control.ids import new_sandbox_id, new_subdomain
-from sbx.control.migrating import MigrateOps
 from sbx.control.state import TRANSIENT
 from sbx.control.store import SandboxRow, utcnow
 from sbx.node.types import NodeError
@@ -46,7 +46,7 @@ class _Already(Exception):
 
 
 
-class LifecycleOps(MigrateOps):
+class LifecycleOps(ForkOps):
     """create, stop, resume, fork, delete."""
 
     def create(
@@ -289,9 +289,12 @@ class LifecycleOps(MigrateOps):
         """Fork ``source_id`` (running or stopped) into a new sandbox: its disk copied copy-on-write, booted fresh
         at ``type`` (default the source's), owned by the source's account. ``memory``: the source must run; its
         processes and memory go along (the source pauses for the dump only) and the fork's ``memoryRestored`` is
-        true. Returns the new row in ``forking``; the source is left as it is. Raises 400 ``invalid_type``/
+        true. It goes to the source's node, or when that one is full or cordoned to another with room, copied
+        there as a disk delta (:mod:`sbx.control.forking`; the row's ``node`` names it from the start).
+        Returns the new row in ``forking``; the source is left as it is. Raises 400 ``invalid_type``/
         ``invalid_resize`` (smaller than the source)/``invalid_name``/``invalid_ttl``, 403 ``plan_limit``, 404, 409
-        ``snapshots_disabled``/``busy``/``invalid_state``, 507 ``insufficient_capacity`` (nothing is created)."""
+        ``snapshots_disabled``/``busy``/``invalid_state``, 507 ``insufficient_capacity`` (no node may take it, with
+        ``memory`` none whose fingerprint matches the source node's: nothing is created)."""
         source = self.get(source_id)
         if source.no_snapshots:
             raise ControlError(
@@ -312,8 +315,9 @@ class LifecycleOps(MigrateOps):
             with self.lifecycle.cond:
                 what = f"a {size.name} fork of {source_id}"
                 self._plan_admit(source.account_id, size, "fork", what)
-                # the fork's disk is a reflink of its source's: it goes to the source's node
-                node = self._place(size, what, only=source.node or self.router.default_name)
+                # the source's node (a reflink copy) unless it is full or cordoned (sbx.control.forking)
+                home = source.node or self.router.default_name
+                node = self._fork_place(size, what, home, memory).node
                 row = self._add_new_row(
                     "forking", size, f"{source.name} (fork)" if name is None else name,
                     self.settings.fork_default_ttl if ttl is None else ttl,
@@ -326,6 +330,10 @@ class LifecycleOps(MigrateOps):
             self.lifecycle.release_hold(source_id)
             raise
         spec = self._spec(row, size)
+        if node != home:
+            self._submit(fork_id, lambda: self._fork_elsewhere(fork_id, source_id, home, node, spec, memory),
+                         self._fail(fork_id))
+            return row
 
         def work() -> None:
             try:

@@ -7,7 +7,9 @@ node from the store, and its free disk, from its last heartbeat). Among those:
 - a new sandbox goes where the most memory is left to promise, then the most disk (``spread``: sandboxes spread
   over the nodes rather than filling one first);
 - ``new --from SNAPSHOT`` goes to the node that holds the snapshot (a snapshot lives on the node that sealed it);
-- a fork goes to its source's node (its disk is a reflink of the source's);
+- a fork goes to its source's node (its disk is a reflink of the source's: constant time); when that node is
+  full or cordoned, to another ready node with room, its disk copied there as a delta (:func:`choose_fork`;
+  a fork with memory only to a node whose memory-image fingerprint matches the source node's);
 - a stopped sandbox resumes on its own node when that node may take it; otherwise on another one, preferring a
   node whose memory-image fingerprint (CPU model and flags, kernel, CRIU) matches the one its image was made on
   (:func:`choose_resume`).
@@ -98,8 +100,8 @@ def _pick(cands: list[Candidate], settings: Settings, prefer: str | None) -> str
 
 def choose(candidates: Iterable[Candidate], settings: Settings, size: Size, what: str,
            only: str | None = None) -> str:
-    """The node for a new sandbox (or fork, with ``only`` = its source's node; or ``new --from``, with ``only`` =
-    the snapshot's node): the fitting candidate with the most memory left to promise, then the most free disk,
+    """The node for a new sandbox (or ``new --from``, with ``only`` = the snapshot's node; a fork:
+    :func:`choose_fork`): the fitting candidate with the most memory left to promise, then the most free disk,
     then by name. Raises ``507 insufficient_capacity`` when none fits (the message names each node's reason)."""
     pool = [c for c in candidates if only is None or c.name == only]
     if only is not None and not pool:
@@ -189,3 +191,33 @@ def choose_move(candidates: Iterable[Candidate], settings: Settings, size: Size,
     if has_memory and matching:
         return ResumePlace(_pick(matching, settings, prefer), moves=True, memory=True)
     return ResumePlace(_pick(ok, settings, prefer), moves=True, memory=False)
+
+
+def choose_fork(candidates: Iterable[Candidate], settings: Settings, size: Size, what: str, home: str,
+                memory: bool = False) -> ResumePlace:
+    """Where fork ``what`` (at ``size``) of a sandbox on node ``home`` goes: ``home`` when it may take it (a
+    reflink copy there; ``moves`` False); else, when ``home`` is full or cordoned, the ready node with room with
+    the most room (``moves``: made stopped on ``home`` and copied there as a disk delta, :mod:`sbx.control.forking`).
+    With ``memory`` (the fork restores the source's processes) only a node whose memory-image fingerprint matches
+    ``home``'s may take it: never a cold boot instead. An unreachable ``home`` can't make the copy at all. Raises
+    ``507 insufficient_capacity`` naming ``home``'s reason first, then each other node's."""
+    cands = list(candidates)
+    src = next((c for c in cands if c.name == home), None)
+    if src is None:
+        raise ControlError("insufficient_capacity", f"no node can take {what}: node {home} is not registered", 507)
+    err = _why(src, settings, size, what)
+    if err is None:
+        return ResumePlace(home, moves=False, memory=memory)
+    reasons = [(src, err)]
+    if src.status != "unreachable":
+        ok, no = fits([c for c in cands if c.name != home], settings, size, what)
+        if memory:
+            differ = [c for c in ok if not fingerprint_matches(c.fingerprint, src.fingerprint)]
+            no.extend((c, ControlError("insufficient_capacity", f"node {c.name}: its CPU, kernel or CRIU differ from "
+                                       f"node {home}'s, so the source's processes can't be restored there (fork "
+                                       "without --memory to boot the copy from its disk)", 507)) for c in differ)
+            ok = [c for c in ok if c not in differ]
+        if ok:
+            return ResumePlace(_best(ok, settings), moves=True, memory=memory)
+        reasons.extend(no)
+    raise _refuse(what, reasons)

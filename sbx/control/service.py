@@ -109,11 +109,13 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         """Make ``row`` agree with ``status``, what the node reports for it (``running``, ``checkpointed``,
         ``stopped`` or ``absent``), after its operation was cut short by a crash: running and stopped rows follow
         the node, a deletion in flight is finished, a create or fork whose disk the node does not have becomes
-        ``error``/``interrupted``, anything else the node has no trace of ``error``/``lost``."""
+        ``error``/``interrupted``, anything else the node has no trace of ``error``/``lost``. A fork cut short while
+        made on its source's node for another node loses that copy (:meth:`ForkOps._settle_fork_copy`)."""
         if row.state == "deleting":
             self.store.update_sandbox(row.id, state="error", error_code=None, error_message=None)
             self.delete(row.id, wait=0)
             return
+        self._settle_fork_copy(row)  # a fork cut short while made on its source's node for another one
         target = {"running": "running", "checkpointed": "stopped", "stopped": "stopped"}.get(status)
         if target is None:
             if row.state in ("forking", "provisioning"):  # the node removed the half-made disk

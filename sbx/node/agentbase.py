@@ -31,6 +31,9 @@ from sbx.storage import disk as disks
 from sbx.storage import mounts
 from sbx.storage.errors import StorageError
 
+if TYPE_CHECKING:
+    from sbx.node.steps import Steps
+
 log = logging.getLogger("sbx.node")
 
 SEALS_KEPT = 2
@@ -229,6 +232,13 @@ class NodeBase:
         self._save(sid, rec)
         return rec
 
+    def _identity_written(self, sid: str) -> None:
+        """Drop the record's ``freshIdentity`` (a fork made stopped to move: its new identity is on its disk
+        now)."""
+        rec = self._record(sid)
+        if rec.pop("freshIdentity", None) is not None:
+            self._save(sid, rec)
+
     def _lease(self, sid: str) -> network.Lease:
         return network.lease_from_json(json.dumps(self._record(sid)["lease"]))
 
@@ -359,6 +369,12 @@ class NodeBase:
         def _reconcile_templates(self) -> None: ...
 
         def fork_memory(self, source_id: str, spec: SandboxSpec) -> None: ...
+
+        def _copy_running(self, source_id: str, spec: SandboxSpec, st: Steps) -> int: ...
+
+        def _seal_fork_memory(self, sid: str, old_base: int) -> None: ...
+
+        def _after_restore(self, sid: str, clear_tmp: bool) -> None: ...
 
         def _write_shutdown_hook(self, sid: str) -> None: ...
 

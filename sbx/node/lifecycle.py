@@ -120,7 +120,8 @@ class LifecycleMixin(NodeBase):
     def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None:
         """Cold boot from the disk: mount, write identity, start runc, wait for systemd. A sandbox made before
         shifted maps gets its own uid range here (nothing on disk changes; only a memory restore needed the
-        identity map)."""
+        identity map). A record with ``freshIdentity`` (a fork made stopped to move:
+        :meth:`sbx.node.snapshots.SnapshotMixin.fork_stopped`) gets a new identity, as ``fresh_identity`` asks."""
         self._discard_memory(sid)
         self._cleanup_container(sid)
         self._umount(sid)  # a fresh mount: a killed restore can leave the old one detached from the bundle
@@ -132,8 +133,9 @@ class LifecycleMixin(NodeBase):
                 raise NodeError(e.code, str(e)) from e
         rec = self._record(sid)
         self._mount(sid)
-        self._write_identity(sid, rec["spec"]["hostname"], fresh_identity)
+        self._write_identity(sid, rec["spec"]["hostname"], fresh_identity or bool(rec.get("freshIdentity")))
         self._write_shutdown_hook(sid)
+        self._identity_written(sid)
         bundle = self._write_bundle(sid, rec, size)
         self._set_phase(sid, "booting")
         try:

@@ -23,10 +23,11 @@ import subprocess
 from pathlib import Path
 
 from sbx.config import Size
+from sbx.node import recovery
 from sbx.node.agentbase import NodeBase
 from sbx.node.steps import Steps
 from sbx.node.types import NodeError, SandboxSpec
-from sbx.runtime import criuimages
+from sbx.runtime import criu, criuimages
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.runc import remove_tree
 from sbx.storage import disk as disks
@@ -100,10 +101,10 @@ class MemoryCopyMixin(NodeBase):
         self.runtime.run(sid, ["/bin/sh", "-c", script], timeout=60)
 
     def fork_memory(self, source_id: str, spec: SandboxSpec) -> None:
-        """Fork the running sandbox ``source_id`` with its memory: the source is paused (cgroup freezer) while its
-        disk is reflinked (frozen filesystem) and its memory dumped (``checkpoint --leave-running``), then goes on
-        with the same PIDs; ``spec`` is restored from that dump on the copy, with its own identity (module
-        docstring). Disk and memory are of the same instant, since no task of the source runs between the two.
+        """Fork the running sandbox ``source_id`` with its memory: :meth:`_copy_running` (the source pauses for the
+        reflink of its disk and a ``--leave-running`` dump, then goes on with the same PIDs), then ``spec`` is
+        restored from that dump on the copy, with its own identity (module docstring). Disk and memory are of the
+        same instant, since no task of the source runs between the two.
 
         Raises ``NodeError``: ``not_found``, ``not_running`` (the source is not running), ``fork_failed`` (the copy
         or the dump failed; the source runs on), ``restore_failed``."""
@@ -112,40 +113,65 @@ class MemoryCopyMixin(NodeBase):
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id, startedFrom="memory")
             st.mark("record")
-            mem = self._memory(spec.id)
-            with self._lock(source_id):
-                self._require_running(source_id)
-                old_base = self._uid_base(source_id)
-                # CRIU can't dump a connection to the host: shut the exec channel's ones first (sbx.node.execchannel)
-                self._quiesce_channel(source_id)
-                try:
-                    self.runtime.pause(source_id)
-                except RuntimeError_ as e:
-                    self._channel_resume(source_id)
-                    raise NodeError("fork_failed", e.detail) from e
-                st.mark("quiesce+pause")
-                try:
-                    self._clone_live(source_id, self._disk(spec.id))
-                    st.mark("clone-disk")
-                    self.runtime.checkpoint(source_id, mem, self._dir(spec.id) / "criu-work",
-                                            image_gid=self._uid_base(spec.id), leave_running=True)
-                    st.mark("checkpoint")
-                except (StorageError, RuntimeError_) as e:
-                    self._discard_memory(spec.id)
-                    raise NodeError("fork_failed", e.detail if isinstance(e, RuntimeError_) else str(e)) from e
-                finally:
-                    try:
-                        self.runtime.unpause(source_id)
-                    except RuntimeError_ as e:
-                        log.error("%s stays paused after the fork's dump: %s", source_id, e.detail)
-                    self._channel_resume(source_id)
-                    st.mark("unpause")
-            if spec.size.disk_mib > self._disk(spec.id).stat().st_size >> 20:
-                try:
-                    disks.grow(self._disk(spec.id), spec.size.disk_mib)
-                except StorageError as e:
-                    raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
-            st.mark("grow")
+            old_base = self._copy_running(source_id, spec, st)
             self._restore_as_new(spec.id, spec.size, old_base=old_base, clear_tmp=False)
             st.mark("restore-as-new")
             st.done()
+
+    def _copy_running(self, source_id: str, spec: SandboxSpec, st: Steps) -> int:
+        """Into the new record of ``spec`` (its lock held): the running source's disk (reflinked, its filesystem
+        frozen) and memory (``checkpoint --leave-running``, image group-owned by the fork's uid base), both taken
+        while the source is paused (cgroup freezer) so they are of the same instant; then the disk grown to
+        ``spec.size``. Returns the source's uid base (the image's ids are still in its range). Raises
+        ``NodeError``: ``not_found``, ``not_running``, ``fork_failed`` (the source runs on)."""
+        mem = self._memory(spec.id)
+        with self._lock(source_id):
+            self._require_running(source_id)
+            old_base = self._uid_base(source_id)
+            # CRIU can't dump a connection to the host: shut the exec channel's ones first (sbx.node.execchannel)
+            self._quiesce_channel(source_id)
+            try:
+                self.runtime.pause(source_id)
+            except RuntimeError_ as e:
+                self._channel_resume(source_id)
+                raise NodeError("fork_failed", e.detail) from e
+            st.mark("quiesce+pause")
+            try:
+                self._clone_live(source_id, self._disk(spec.id))
+                st.mark("clone-disk")
+                self.runtime.checkpoint(source_id, mem, self._dir(spec.id) / "criu-work",
+                                        image_gid=self._uid_base(spec.id), leave_running=True)
+                st.mark("checkpoint")
+            except (StorageError, RuntimeError_) as e:
+                self._discard_memory(spec.id)
+                raise NodeError("fork_failed", e.detail if isinstance(e, RuntimeError_) else str(e)) from e
+            finally:
+                try:
+                    self.runtime.unpause(source_id)
+                except RuntimeError_ as e:
+                    log.error("%s stays paused after the fork's dump: %s", source_id, e.detail)
+                self._channel_resume(source_id)
+                st.mark("unpause")
+        if spec.size.disk_mib > self._disk(spec.id).stat().st_size >> 20:
+            try:
+                disks.grow(self._disk(spec.id), spec.size.disk_mib)
+            except StorageError as e:
+                raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
+        st.mark("grow")
+        return old_base
+
+    def _seal_fork_memory(self, sid: str, old_base: int) -> None:
+        """Make the dump :meth:`_copy_running` left in ``sid``'s memory folder the fork's own stopped memory image:
+        retargeted to its uid range and hostname, without a time namespace, with the generation of its disk and
+        this host's fingerprint, phase ``checkpointed`` (it restores like any stopped sandbox's, on this node or,
+        moved, on another: :mod:`sbx.node.transfer`). Raises ``NodeError("fork_failed")``."""
+        mem = self._memory(sid)
+        rec = self._record(sid)
+        try:
+            criuimages.retarget(mem, old_base=old_base, new_base=self._uid_base(sid), hostname=rec["spec"]["hostname"])
+            criuimages.drop_time_namespace(mem)
+        except RuntimeError_ as e:
+            raise NodeError("fork_failed", f"retargeting the fork's memory image: {e.detail}") from e
+        recovery.write_memory_generation(mem, int(rec.get("diskGen", 0)))
+        criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
+        self._set_phase(sid, "checkpointed")

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from sbx.node.agentbase import NodeBase, now
+from sbx.node.steps import Steps
 from sbx.node.types import NodeError, SandboxSpec, SnapshotInfo
 from sbx.storage import disk as disks
 from sbx.storage import space
@@ -33,18 +34,52 @@ class SnapshotMixin(NodeBase):
         self._record(source_id)  # raises not_found for an unknown source
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id)
-            with self._lock(source_id):
-                try:
-                    self._clone_live(source_id, self._disk(spec.id))
-                except StorageError as e:
-                    raise NodeError("fork_failed", str(e)) from e
-            if spec.size.disk_mib > self._disk_mib(spec.id):
-                try:
-                    disks.grow(self._disk(spec.id), spec.size.disk_mib)
-                except StorageError as e:
-                    raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
+            self._clone_grown(source_id, spec)
             self._set_phase(spec.id, "stopped")
             self._boot(spec.id, spec.size, fresh_identity=True)
+
+    def fork_stopped(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
+        """Make ``spec`` a fork of ``source_id`` that does not start here: a stopped sandbox to move to another
+        node (:mod:`sbx.control.forking`). Its disk is a reflink copy of the source's (frozen for the copy when it
+        runs) grown to ``spec.size``: phase ``stopped``. With ``memory`` the running source pauses for the copy and
+        a ``--leave-running`` dump as for :meth:`fork` with memory, and the dump becomes the fork's own image
+        (:meth:`sbx.node.memcopy.MemoryCopyMixin._seal_fork_memory`): phase ``checkpointed``. The record holds
+        ``freshIdentity``: its first start, on whatever node, writes its new identity into the disk (a cold boot
+        as :meth:`fork`'s; a memory restore also restarts the guest's identity service and sshd, as a fork with
+        memory does). The source is not otherwise touched.
+
+        Raises ``NodeError``: ``not_found``, ``not_running`` (``memory`` and the source does not run),
+        ``fork_failed``; nothing of the fork is left then."""
+        self._record(source_id)  # raises not_found for an unknown source
+        st = Steps("fork-stopped", spec.id)
+        with self._lock(spec.id):
+            self._new_record(spec, forkedFrom=source_id, freshIdentity=True)
+            try:
+                if memory:
+                    old_base = self._copy_running(source_id, spec, st)
+                    self._seal_fork_memory(spec.id, old_base)
+                else:
+                    self._clone_grown(source_id, spec)
+                    self._set_phase(spec.id, "stopped")
+                st.mark("sealed")
+            except BaseException:
+                self.delete(spec.id)
+                raise
+        st.done()
+
+    def _clone_grown(self, source_id: str, spec: SandboxSpec) -> None:
+        """Reflink the source's disk into the new record of ``spec`` (both locks taken here) and grow it to
+        ``spec.size``. Raises ``NodeError("fork_failed")``."""
+        with self._lock(source_id):
+            try:
+                self._clone_live(source_id, self._disk(spec.id))
+            except StorageError as e:
+                raise NodeError("fork_failed", str(e)) from e
+        if spec.size.disk_mib > self._disk_mib(spec.id):
+            try:
+                disks.grow(self._disk(spec.id), spec.size.disk_mib)
+            except StorageError as e:
+                raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
 
     def _clone_live(self, sid: str, dst: Path) -> None:
         """Reflink-copy the sandbox's disk to ``dst``, freezing its filesystem for the copy when it is mounted.

@@ -193,6 +193,11 @@ class StopResumeMixin(NodeBase):
         st.mark("cleanup")
         self._mount(sid)
         st.mark("mount")
+        fresh = bool(rec.get("freshIdentity"))  # a fork with memory made to move (SnapshotMixin.fork_stopped)
+        if fresh:
+            self._write_identity(sid, rec["spec"]["hostname"], fresh=True)
+            self._write_shutdown_hook(sid)
+            st.mark("identity")
         bundle = self._write_bundle(sid, rec, size)
         st.mark("bundle")
         self._set_phase(sid, "restoring")
@@ -210,4 +215,14 @@ class StopResumeMixin(NodeBase):
         st.mark("discard")
         self._set_phase(sid, "running", size=size.name)
         st.mark("phase2")
+        if fresh:
+            self._identity_written(sid)
+            try:  # new SSH host keys, sshd restarted with them (as after a fork with memory)
+                self._after_restore(sid, clear_tmp=False)
+            except RuntimeError_ as e:
+                self._cleanup_container(sid)
+                self._umount(sid)
+                self._set_phase(sid, "stopped")
+                raise NodeError("restore_failed", f"giving the restored fork its identity: {e.detail}") from e
+            st.mark("after-restore")
         st.done()

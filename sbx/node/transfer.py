@@ -126,9 +126,9 @@ class TransferMixin(NodeBase):
         """Prepare the stopped sandbox ``id`` for a move (step 2 of the module docstring): the disk delta against
         this node's base image when ``parent`` (the destination's :meth:`transfer_parent`) has the same digest,
         else a full one. Returns the manifest: ``{"id", "spec", "size", "diskGen", "uidBase", "oomKills",
-        "memory": bool, "parent": {"image","sha256"} | None, "fingerprint": {...} | None,
-        "files": {name: {"size", "sha256"}}}``. Raises ``NodeError``: ``not_found``, ``invalid_state`` (it runs),
-        ``transfer_failed``."""
+        "memory": bool, "freshIdentity": bool (a fork whose first start is still to come), "parent":
+        {"image","sha256"} | None, "fingerprint": {...} | None, "files": {name: {"size", "sha256"}}}``.
+        Raises ``NodeError``: ``not_found``, ``invalid_state`` (it runs), ``transfer_failed``."""
         with self._lock(id):
             rec = self._record(id)
             if self.runtime.state(id) is not None or rec["phase"] not in ("checkpointed", "stopped"):
@@ -156,6 +156,7 @@ class TransferMixin(NodeBase):
                 "id": id, "spec": rec["spec"], "size": rec.get("size", rec["spec"].get("size")),
                 "diskGen": int(rec.get("diskGen", 0)), "uidBase": int(rec.get("uidBase", 0)),
                 "oomKills": int(rec.get("oomKills", 0)), "memory": memory,
+                "freshIdentity": bool(rec.get("freshIdentity")),
                 "parent": mine if use_parent else None,
                 "fingerprint": criu.read_fingerprint(self._memory(id)) if memory else None,
                 "files": files, "from": self.settings.node_name,
@@ -249,8 +250,9 @@ class TransferMixin(NodeBase):
                 raise NodeError("exists", f"sandbox {id} is already on this node")
             spec = man["spec"]
             size = self.settings.size(str(man["size"]))
+            fresh = {"freshIdentity": True} if man.get("freshIdentity") else {}  # a fork made to move
             self._new_record(SandboxSpec(id=id, hostname=spec["hostname"], size=size, env=dict(spec.get("env", {}))),
-                             movedFrom=man.get("from"))
+                             movedFrom=man.get("from"), **fresh)
             try:
                 parent = self.image if man.get("parent") else None
                 try:

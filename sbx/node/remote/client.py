@@ -212,6 +212,9 @@ class RemoteNode:
     def fork(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
         return self._call("fork", source_id, spec, memory=memory)  # type: ignore[no-any-return]
 
+    def fork_stopped(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
+        self._call("fork_stopped", source_id, spec, memory=memory)
+
     # The egress proxy asks its server over a Unix socket on the node's host (sbx.node.egressproxy); a remote
     # node has no such channel yet, so secrets can't be bound to its sandboxes (409 egress_proxy_unavailable).
     def egress_ready(self) -> bool:
