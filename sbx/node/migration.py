@@ -85,14 +85,27 @@ def _answer(resp: httpx.Response, step: str) -> Any:
     return resp.json() if resp.content else None
 
 
-def reset_connections(init_pid: int) -> int:
+def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
     """Destroy every connected TCP socket in the network namespace of ``init_pid`` (``ss -K``; the kernel's
     ``SOCK_DESTROY``): the peer of each gets a reset at once, the sandbox's end reads ``ECONNABORTED`` or EOF.
-    Listening sockets stay. Returns how many sockets were destroyed (0 when ``ss`` can't: the dump then keeps
-    them with ``--tcp-established`` and the destination restores them closed)."""
-    p = subprocess.run(["nsenter", f"--net=/proc/{init_pid}/ns/net", "ss", "-K", "-t", "-n", "-H", "state",
-                        "connected"], capture_output=True, text=True, timeout=10)
-    return len([ln for ln in p.stdout.splitlines() if ln.strip()]) if p.returncode == 0 else 0
+    Listening sockets stay. ``ss -K`` destroys sockets while it walks the kernel's socket table, which can skip one
+    (a peer then waited on a connection the destination restores closed: a silent hang), so it runs again, up to
+    ``rounds`` times, until ``ss`` lists no connected socket but ones in ``TIME-WAIT``. Returns the destroyed
+    sockets as ``ss`` printed them (``"STATE RECV-Q SEND-Q LOCAL PEER"``; empty when ``ss`` can't: the dump then
+    keeps them with ``--tcp-established`` and the destination restores them closed)."""
+    ns = ["nsenter", f"--net=/proc/{init_pid}/ns/net", "ss", "-t", "-n", "-H"]
+    killed: list[str] = []
+    for _ in range(rounds):
+        p = subprocess.run([*ns, "-K", "state", "connected"], capture_output=True, text=True, timeout=10)
+        if p.returncode != 0:
+            break
+        killed += [" ".join(ln.split()) for ln in p.stdout.splitlines() if ln.strip()]
+        left = subprocess.run([*ns, "state", "connected", "exclude", "time-wait"], capture_output=True, text=True,
+                              timeout=10)
+        if left.returncode != 0 or not left.stdout.strip():
+            break
+        log.warning("sockets left after ss -K, again: %s", " | ".join(left.stdout.split("\n")))
+    return killed
 
 
 class MigrationMixin(IncomingMixin):
@@ -121,7 +134,8 @@ class MigrationMixin(IncomingMixin):
 
         Returns figures: ``{"precopyS", "pauseS" (pause to the destination's confirmation), "dumpS" (pause to the
         disk delta and memory image made), "freezeToSentS" (pause to everything sent),
-        "restoreS", "baseBytes", "finalBytes", "memoryBytes", "resetConnections", "fullDisk"}`` (seconds, bytes).
+        "restoreS", "baseBytes", "finalBytes", "memoryBytes", "resetConnections", "resetSockets" (as ``ss`` printed
+        them), "fullDisk"}`` (seconds, bytes).
         Afterwards the sandbox is gone from this node.
 
         Raises ``NodeError``: ``not_found``, ``not_running``, ``migration_failed`` (the sandbox runs on here; the
@@ -164,7 +178,8 @@ class MigrationMixin(IncomingMixin):
             raise NodeError("migration_failed", f"freeze: {e.detail}") from e
         try:
             pid = self.runtime.init_pid(id)
-            figures["resetConnections"] = reset_connections(pid) if pid else 0
+            reset = reset_connections(pid) if pid else []
+            figures.update(resetConnections=len(reset), resetSockets=reset)
             step = "dump"
             self._freeze_clone(id, work / "final.ext4")
             final = delta.export_delta(work / "final.ext4", pre, work / "final.delta")

@@ -184,12 +184,14 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
         gone = e.code
     assert gone in ("absent", "not_found")
     assert dst.status(sid) == "running"
+    left_on_b = sh(dst, sid, "ss -t -n -H state established")  # a connection the reset missed, restored closed
     dst.delete(sid)
     # Known bug (issue 11): in about half of the full-suite runs the peer got no reset at all after the move, though
     # everything above held. Reported as an expected failure, visibly, until the reset is made reliable.
     if (peer_saw, figures["resetConnections"] >= 1) != ("reset", True):
         pytest.xfail(f"known bug: the peer's TCP connection saw {peer_saw!r} after the move, not a reset "
-                     f"(sockets destroyed at the freeze: {figures['resetConnections']})")
+                     f"(sockets destroyed at the freeze: {figures['resetSockets']}; established on B after the "
+                     f"move: {left_on_b!r})")
 
 
 def test_kill9_of_the_destination_halfway_leaves_the_sandbox_running_on_its_source(
