@@ -21,14 +21,16 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack
 
 import pytest
 
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.cluster import cordon as _cordon
+from tests.e2e.cluster import holder as _holder
+from tests.e2e.cluster import info as _info
+from tests.e2e.cluster import node_cluster, ok, start_holder
+from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
-from tests.e2e.test_drain import _cordon, _holder, _info, ok, start_holder
-from tests.nodenet import NodeHost, node_netns_many
+from tests.nodenet import NodeHost
 
 NODE_MIB = 2048
 """What each node may promise: (RAM - 1024 MiB reserve) x the overcommit the test sets."""
@@ -41,19 +43,9 @@ def _overcommit() -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[NodeHost]]]:
-    tmp = tmp_path_factory.mktemp("sbx-consolidate")
-    with ExitStack() as stack:
-        nodes = stack.enter_context(node_netns_many([9, 10, 11], tmp))
-        for n in nodes:
-            n.start()
-        (tmp / "server").mkdir()
-        srv = stack.enter_context(start_server(
-            tmp / "server", node="cosrv", bridge="sbxcosv", subnet="10.81.0.0/16", SBX_NODE_URL=nodes[0].url,
-            SBX_NODE_TOKEN=nodes[0].token, SBX_NODE_HEARTBEAT_SECONDS="1", SBX_NODE_UNREACHABLE_SECONDS="5",
-            SBX_CONSOLIDATE_SECONDS="2", SBX_MEMORY_OVERCOMMIT=_overcommit()))
-        for n in nodes[1:]:
-            added = json.loads(ok(srv, "node", "add", n.url, "--token", n.token, "--json"))["node"]
-            assert (added["name"], added["status"], added["removable"]) == (n.node_name, "ready", False)
+    with node_cluster(tmp_path_factory.mktemp("sbx-consolidate"), [9, 10, 11], "cosrv", "sbxcosv", "10.81.0.0/16",
+                      SBX_CONSOLIDATE_SECONDS="2", SBX_MEMORY_OVERCOMMIT=_overcommit()) as (srv, nodes):
+        assert not any(_nodes(srv)[n.node_name]["removable"] for n in nodes)
         yield srv, nodes
 
 

@@ -24,73 +24,23 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.cluster import cordon, holder, node_cluster, ok, start_holder
+from tests.e2e.cluster import info as _info
+from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
-from tests.nodenet import NodeHost, node_netns_many
+from tests.nodenet import NodeHost
 
 VOLUME_NODES = Path("/var/lib/sbx/volume/nodes")
-
-HOLDER = r"""
-import hashlib, os, signal, time
-data = os.urandom(128 << 20)
-f = open('/home/user/unlinked', 'w+b')
-f.write(os.urandom(65536))
-f.seek(12345)
-os.unlink('/home/user/unlinked')
-def report(*_a):
-    st = os.fstat(f.fileno())
-    with open('/home/user/holder.check.tmp', 'w') as out:
-        out.write(f"{os.getpid()} {hashlib.sha256(data).hexdigest()} {f.tell()} {st.st_nlink}\n")
-    os.replace('/home/user/holder.check.tmp', '/home/user/holder.check')
-signal.signal(signal.SIGUSR1, report)
-open('/home/user/holder.pid', 'w').write(f"{os.getpid()}\n")
-report()
-while True:
-    time.sleep(1)
-"""
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[NodeHost]]]:
-    tmp = tmp_path_factory.mktemp("sbx-drain")
-    with ExitStack() as stack:
-        nodes = stack.enter_context(node_netns_many([7, 8], tmp))
-        for n in nodes:
-            n.start()
-        (tmp / "server").mkdir()
-        srv = stack.enter_context(start_server(
-            tmp / "server", node="drsrv", bridge="sbxdrsv", subnet="10.99.0.0/16", SBX_NODE_URL=nodes[0].url,
-            SBX_NODE_TOKEN=nodes[0].token, SBX_NODE_HEARTBEAT_SECONDS="1", SBX_NODE_UNREACHABLE_SECONDS="5"))
-        added = json.loads(ok(srv, "node", "add", nodes[1].url, "--token", nodes[1].token, "--json"))["node"]
-        assert (added["name"], added["status"]) == (nodes[1].node_name, "ready")
-        yield srv, nodes
-
-
-def ok(srv: Server, *args: str, timeout: float = 300) -> str:
-    return srv.sbx(*args, timeout=timeout, check=True).stdout
-
-
-def _info(srv: Server, sid: str) -> dict:  # type: ignore[type-arg]
-    return json.loads(ok(srv, "info", sid, "--json"))["sandbox"]  # type: ignore[no-any-return]
-
-
-def start_holder(srv: Server, sid: str) -> None:
-    """Start :data:`HOLDER` in sandbox ``sid`` and wait for its first report."""
-    ok(srv, "exec", sid, f"cat > ~/holder.py <<'EOF'\n{HOLDER}\nEOF")
-    ok(srv, "exec", sid, "--detach", "python3 ~/holder.py")
-    poll(lambda: srv.sbx("exec", sid, "test -s ~/holder.check", timeout=60).returncode == 0, "the holder", 120)
-
-
-def _holder(srv: Server, sid: str) -> list[str]:
-    """PID, SHA-256 of the 128 MiB, offset and link count of the unlinked file, as the holder reports them now."""
-    ok(srv, "exec", sid, "rm -f ~/holder.check; kill -USR1 $(cat ~/holder.pid); for i in $(seq 100); do "
-                         "[ -s ~/holder.check ] && exit 0; sleep 0.1; done; exit 1", timeout=60)
-    return ok(srv, "exec", sid, "cat ~/holder.check", timeout=60).split()
+    with node_cluster(tmp_path_factory.mktemp("sbx-drain"), [7, 8], "drsrv", "sbxdrsv", "10.99.0.0/16") as c:
+        yield c
 
 
 def _proxied(srv: Server, host: str, token: str) -> tuple[int, bytes]:
@@ -102,16 +52,11 @@ def _proxied(srv: Server, host: str, token: str) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def _cordon(srv: Server, nodes: list[NodeHost], *ks: int) -> None:
-    for n in nodes:
-        ok(srv, "node", "cordon" if n.k in ks else "uncordon", n.node_name)
-
-
 def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
         cluster: tuple[Server, list[NodeHost]]) -> None:
     srv, nodes = cluster
     n7, n8 = nodes[0].node_name, nodes[1].node_name
-    _cordon(srv, nodes, 8)  # both sandboxes start on node 7
+    cordon(srv, nodes, 8)  # both sandboxes start on node 7
     live = ok(srv, "new", "--type", "small").strip()
     parked = ok(srv, "new", "--type", "small").strip()
     assert (_info(srv, live)["node"], _info(srv, parked)["node"]) == (n7, n7)
@@ -121,7 +66,7 @@ def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
     ok(srv, "exec", live, "for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; "
                           "sleep 0.2; done; exit 1")
     route = json.loads(ok(srv, "host", live, "8000", "--json"))["route"]
-    pid, mem_sha, offset, nlink = _holder(srv, live)
+    pid, mem_sha, offset, nlink = holder(srv, live)
     assert (offset, nlink) == ("12345", "0")
     ok(srv, "exec", parked, "echo parked > ~/note")
     ok(srv, "exec", parked, "--detach", "sleep 100000")
@@ -164,7 +109,7 @@ def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
     assert (after["state"], after["node"]) == ("running", n8), after
     assert (after["id"], after["name"], after["url"], after["subdomain"]) == (
         before["id"], before["name"], before["url"], before["subdomain"])
-    assert _holder(srv, live) == [pid, mem_sha, offset, nlink]
+    assert holder(srv, live) == [pid, mem_sha, offset, nlink]
     assert ok(srv, "exec", live, "echo hi", timeout=60) == "hi\n"
     assert ("v" + live[3:]) in subprocess.run(["ip", "-n", nodes[1].netns, "-br", "link"], capture_output=True,
                                               text=True).stdout
@@ -206,8 +151,8 @@ def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
     for item in items.values():
         assert (item["status"], item["error"]["code"]) == ("failed", "insufficient_capacity"), item
     assert (_info(srv, live)["state"], _info(srv, live)["node"]) == ("running", n8)
-    assert _holder(srv, live)[:2] == [pid, mem_sha]
-    _cordon(srv, nodes)
+    assert holder(srv, live)[:2] == [pid, mem_sha]
+    cordon(srv, nodes)
     for sid in (live, parked):
         ok(srv, "delete", sid, "--wait")
 
@@ -216,11 +161,11 @@ def test_a_drain_whose_destination_agent_is_killed_halfway_leaves_the_sandbox_ru
         cluster: tuple[Server, list[NodeHost]]) -> None:
     srv, nodes = cluster
     a, b = nodes
-    _cordon(srv, nodes, 8)
+    cordon(srv, nodes, 8)
     sid = ok(srv, "new", "--type", "small").strip()
     assert _info(srv, sid)["node"] == a.node_name
     start_holder(srv, sid)
-    before = _holder(srv, sid)
+    before = holder(srv, sid)
     # node 8's agent, restarted to hold every arrival before its restore (everything sent, the source frozen)
     b.stop()
     b.extra_env["SBX_TEST_HOLD_MIGRATION"] = "120"
@@ -247,11 +192,11 @@ def test_a_drain_whose_destination_agent_is_killed_halfway_leaves_the_sandbox_ru
     assert (item["id"], item["status"], item["error"]["code"]) == (sid, "failed", "migration_failed"), item
     info = _info(srv, sid)
     assert (info["state"], info["node"], info["error"]["code"]) == ("running", a.node_name, "migration_failed")
-    assert _holder(srv, sid) == before
+    assert holder(srv, sid) == before
     assert ok(srv, "exec", sid, "echo fine", timeout=60) == "fine\n"
     b.start()  # it drops the arrival it never confirmed
     assert not (VOLUME_NODES / b.node_name / "sandboxes" / sid).exists()
-    _cordon(srv, nodes)
+    cordon(srv, nodes)
     ok(srv, "delete", sid, "--wait")
 
 

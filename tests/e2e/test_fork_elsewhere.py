@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.cluster import info as _info
+from tests.e2e.cluster import node_cluster, ok
+from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
-from tests.nodenet import NodeHost, node_netns_many
+from tests.nodenet import NodeHost
 
 HOG = r"""
 import hashlib, os, signal, time
@@ -54,28 +55,10 @@ def _memtotal_mib() -> int:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[NodeHost]]]:
-    tmp = tmp_path_factory.mktemp("sbx-forkelse")
-    with ExitStack() as stack:
-        nodes = stack.enter_context(node_netns_many([12, 13], tmp))
-        for n in nodes:
-            n.start()
-        (tmp / "server").mkdir()
-        srv = stack.enter_context(start_server(
-            tmp / "server", node="fesrv", bridge="sbxfesv", subnet="10.96.0.0/16", SBX_NODE_URL=nodes[0].url,
-            SBX_NODE_TOKEN=nodes[0].token, SBX_NODE_HEARTBEAT_SECONDS="1", SBX_NODE_UNREACHABLE_SECONDS="5",
-            SBX_MEMORY_RESERVE_MIB=str(_memtotal_mib() - 512), SBX_MEMORY_OVERCOMMIT="1",
-            SBX_CONSOLIDATE_SECONDS="0"))
-        added = json.loads(ok(srv, "node", "add", nodes[1].url, "--token", nodes[1].token, "--json"))["node"]
-        assert (added["name"], added["status"]) == (nodes[1].node_name, "ready")
-        yield srv, nodes
-
-
-def ok(srv: Server, *args: str, timeout: float = 300) -> str:
-    return srv.sbx(*args, timeout=timeout, check=True).stdout
-
-
-def _info(srv: Server, sid: str) -> dict:  # type: ignore[type-arg]
-    return json.loads(ok(srv, "info", sid, "--json"))["sandbox"]  # type: ignore[no-any-return]
+    with node_cluster(tmp_path_factory.mktemp("sbx-forkelse"), [12, 13], "fesrv", "sbxfesv", "10.96.0.0/16",
+                      SBX_MEMORY_RESERVE_MIB=str(_memtotal_mib() - 512), SBX_MEMORY_OVERCOMMIT="1",
+                      SBX_CONSOLIDATE_SECONDS="0") as c:
+        yield c
 
 
 def _fork(srv: Server, *args: str) -> dict:  # type: ignore[type-arg]
