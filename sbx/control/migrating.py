@@ -55,6 +55,11 @@ class MigrateOps(MoveOps):
         :func:`sbx.node.migration.migrate` returned: ``pauseS``, ``totalS``, bytes...)."""
         return {}
 
+    def _unreserve(self, sandbox_id: str) -> None:
+        """Stop counting ``sandbox_id``'s move against its destination (:attr:`moving_to`)."""
+        with self.lifecycle.cond:
+            self.moving_to.pop(sandbox_id, None)
+
     def _no_api(self) -> dict[str, str]:
         """``{node: why}`` of nodes a migration can't go to: the embedded node has no node API to receive one."""
         return {n: "it is this server's embedded node (no node API to receive a live migration)"
@@ -84,10 +89,16 @@ class MigrateOps(MoveOps):
                                     "migrates (a stopped one moves when it resumes)", 409, row.state)
             chosen["src"] = row.node or self.router.default_name
             chosen["dst"] = self._migrate_place(row, prefer)
+            self.moving_to[row.id] = (chosen["dst"], self._size(row.type).memory_mib)
             return None
 
-        before, after = self.lifecycle.begin(sandbox_id, "migrating", check, wait, error_code=None,
-                                             error_message=None)
+        try:
+            before, after = self.lifecycle.begin(sandbox_id, "migrating", check, wait, error_code=None,
+                                                 error_message=None)
+        except BaseException:
+            with self.lifecycle.cond:
+                self.moving_to.pop(sandbox_id, None)
+            raise
         src, dst = chosen["src"], chosen["dst"]
         why = {"reason": reason} if reason else {}
         self.add_event(sandbox_id, {"event": "migrating", "id": sandbox_id, "from": src, "to": dst, **why})
@@ -102,8 +113,12 @@ class MigrateOps(MoveOps):
                 figures = migration.migrate(cast(migration.MigrationNode, self.router.agent(src)),
                                             cast(migration.MigrationNode, agents[dst][1]), agents[dst][0], spec)
             except NodeError as e:
+                self._unreserve(sandbox_id)
                 self._migrate_failed(sandbox_id, src, dst, e, reason)
                 return
+            except BaseException:
+                self._unreserve(sandbox_id)
+                raise
             self._migrated(sandbox_id, src, dst, figures, reason)
 
         self._submit(sandbox_id, work, self._fail(sandbox_id))
@@ -113,6 +128,7 @@ class MigrateOps(MoveOps):
                   ) -> None:
         """The destination runs it: commit the node column, re-apply per-node settings, back to ``running``."""
         self.store.update_sandbox(sandbox_id, node=dst)  # the commit point
+        self._unreserve(sandbox_id)  # the row counts against the destination now
         try:
             if self.secrets._has_bindings(sandbox_id):
                 self.secrets._sync_node(sandbox_id)

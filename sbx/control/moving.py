@@ -56,6 +56,8 @@ class MoveOps(PlaneBase):
             self.registry.refresh()
             with self.lifecycle.cond:
                 place = self._resume_place(row, target, False, True)
+                if place is not None and place.moves:
+                    self.moving_to[row.id] = (place.node, target.memory_mib)
             if place is not None:
                 return place
             left = deadline - time.monotonic()

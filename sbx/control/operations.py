@@ -222,7 +222,9 @@ class LifecycleOps(ForkOps):
             what = f"resuming {row.id} as {target.name}"
             self._plan_admit(row.account_id, target, "resume", what, row.id)
             # its own node, or another with room (sbx.control.moving); None: wait for a matching node
-            flags["place"] = self._resume_place(row, target, flags["resize"], require_memory)
+            flags["place"] = place = self._resume_place(row, target, flags["resize"], require_memory)
+            if place is not None and place.moves:
+                self.moving_to[row.id] = (place.node, target.memory_mib)
             self.meter.record_start(row.account_id, row.id, "resume")
             return None
 
@@ -233,6 +235,10 @@ class LifecycleOps(ForkOps):
             before, _ = self.lifecycle.begin(sandbox_id, "resuming", check, wait, **fields)
         except _Already as done:
             return done.row
+        except BaseException:
+            with self.lifecycle.cond:
+                self.moving_to.pop(sandbox_id, None)
+            raise
         resize = flags["resize"]
         target = size or self._size(before.type)
         if resize:
@@ -247,7 +253,11 @@ class LifecycleOps(ForkOps):
             try:
                 place = flags["place"] or self._wait_memory_place(before, target)
                 if place.moves:
-                    self._move(sandbox_id, before.node or self.router.default_name, place.node)
+                    try:
+                        self._move(sandbox_id, before.node or self.router.default_name, place.node)
+                    finally:  # moved: the row names the destination now; or not moved
+                        with self.lifecycle.cond:
+                            self.moving_to.pop(sandbox_id, None)
                 flags["resuming"] = True
                 result = self.node.resume(sandbox_id, spec, cold=resize, require_memory=require_memory)
             except NodeError as e:

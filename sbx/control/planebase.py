@@ -70,6 +70,11 @@ class PlaneBase:
         self.activity = Activity()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sbx-op")
         self._snap_lock = threading.Lock()
+        self.moving_to: dict[str, tuple[str, int]] = {}
+        """Sandboxes on their way to another node (a resume there, a live migration): ``{id: (node, MiB)}``. Until
+        the move commits (the row's ``node`` names the destination) or fails, :meth:`_candidates` counts their
+        memory against the destination too, so two moves at once can't both take its last room. Changed under
+        ``lifecycle.cond``; this replica's own moves only."""
         self._closed = False
         self.routes = Routes(cast("ControlPlane", self))
         self.files = Files(cast("ControlPlane", self))
@@ -151,9 +156,13 @@ class PlaneBase:
     def _candidates(self, exclude: str | None = None) -> list[placement.Candidate]:
         """Every node this server drives as placement sees it (:mod:`sbx.control.placement`): status from the
         registry, room from the embedded node's own measure (``local``) or the node's last heartbeat, memory
-        promised from the store (leaving out sandbox ``exclude``)."""
+        promised from the store and by the moves on their way (:attr:`moving_to`), leaving out sandbox
+        ``exclude``."""
         committed = placement.committed_by_node(self.store.list_sandboxes(), self.settings,
                                                 self.router.default_name, exclude)
+        for sid, (dst, mib) in list(self.moving_to.items()):
+            if sid != exclude:
+                committed[dst] = committed.get(dst, 0) + mib
         out = []
         for name, (url, _agent) in self.router.agents().items():
             row = self.registry.row(name)

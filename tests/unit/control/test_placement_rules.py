@@ -182,3 +182,48 @@ def test_a_server_restarted_mid_migration_finds_the_node_that_runs_the_sandbox(t
         cp._find_migrated()
         assert (cp.get(stays).node, cp.get(moved).node) == ("fake", "fake2")
         assert cp.node.status(moved) == "running"
+
+
+def test_a_move_on_its_way_counts_against_its_destination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 10, "capacity during a move": while a sandbox migrates, its memory counts against the destination
+    (before, only against its source until the commit, so two moves at once could both take the destination's
+    last room); once committed it counts there once, and a failed move gives the room back."""
+    import threading
+
+    from sbx.control import migrating
+    from sbx.node.types import NodeError
+
+    def committed(cp: object) -> dict[str, int]:
+        return {c.name: c.committed_mib for c in cp._candidates()}  # type: ignore[attr-defined]
+
+    with two_node_plane(tmp_path) as (cp, one, two):
+        cp.registry.cordon("fake2", True)
+        sid = cp.create("small").id
+        wait_until(lambda: cp.get(sid).state == "running")
+        cp.registry.cordon("fake2", False)
+        mib = cp.settings.size("small").memory_mib
+        assert committed(cp) == {"fake": mib, "fake2": 0}
+        go, entered = threading.Event(), threading.Event()
+        outcome: dict[str, bool] = {"fail": True}
+
+        def move(src: FakeNode, dst: FakeNode, url: str, spec: object) -> dict[str, float]:
+            entered.set()
+            assert go.wait(10)
+            if outcome["fail"]:
+                raise NodeError("migration_failed", "restore: refused")
+            dst.boxes[sid] = src.boxes.pop(sid)
+            return {"pauseS": 0.1, "totalS": 0.2}
+
+        monkeypatch.setattr(migrating.migration, "migrate", move)
+        for fail in (True, False):
+            outcome["fail"], go = fail, threading.Event()
+            entered.clear()
+            cp.migrate(sid)
+            assert entered.wait(10)
+            assert committed(cp)["fake2"] == mib  # on its way: the destination's room is taken
+            go.set()
+            wait_until(lambda: cp.get(sid).state == "running")
+            node = cp.get(sid).node
+            assert node == ("fake" if fail else "fake2")
+            assert committed(cp) == ({"fake": mib, "fake2": 0} if fail else {"fake": 0, "fake2": mib})
+        assert cp.moving_to == {}
