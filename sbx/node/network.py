@@ -127,6 +127,12 @@ def _redirect_rules(bridge: str, proxy_port: int) -> tuple[str, str]:
 
 def _inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, proxy_port: int = 0,
                   proxied: list[str] | None = None) -> str:
+    """The node's ``inet`` table: sandbox isolation (``forward``: no sandbox to sandbox, egress policy; ``input``:
+    from the bridge only replies, the redirected egress-proxy connections and TCP resets) and masquerading. A
+    reset from a sandbox is let in even when conntrack doesn't call it ``established`` (counter
+    ``rst_untracked``): the resets that ``ss -K`` sends at a live migration's freeze must reach peers on the
+    node (:func:`sbx.node.migration.reset_connections`). It can only end a connection of the sandbox's own
+    address (the bridge's pins stop spoofed sources), which it could end anyway."""
     services = [f"{ip} . {proto} . {port}" for ip, proto, port in egress.services]
     redirect, admit = _redirect_rules(bridge, proxy_port)
     return f"""
@@ -137,6 +143,7 @@ table inet {table} {{
   set egress_allow {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.allow))} }}
   set egress_services {{ type ipv4_addr . inet_proto . inet_service; {_set_elements(services)} }}
   set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}{redirect}
+  counter rst_untracked {{ }}
   chain forward {{
     type filter hook forward priority 0; policy accept;
     iifname "{bridge}" oifname "{bridge}" drop
@@ -150,6 +157,7 @@ table inet {table} {{
   chain input {{
     type filter hook input priority 0; policy accept;
     iifname "{bridge}" ct state established,related accept
+    iifname "{bridge}" tcp flags & rst == rst counter name rst_untracked accept
     {admit}
     iifname "{bridge}" drop
   }}

@@ -26,6 +26,11 @@ from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.node")
 
+SETTLING_DUMP_ERRORS = ("Control messages in queue, not supported",)
+"""CRIU dump errors (criu/sk-queue.c) that a moment of running clears: the receiver reads the message."""
+SETTLE_SECONDS = (0.3, 1.0, 2.0)
+"""How long the sandbox runs before each new dump attempt after such an error (seconds)."""
+
 
 class StopResumeMixin(NodeBase):
     """Stop, resume and memory restore (part of :class:`sbx.node.agent.LocalNode`)."""
@@ -70,7 +75,7 @@ class StopResumeMixin(NodeBase):
                 st.mark("freeze")
                 try:
                     recovery.test_fail_checkpoint()
-                    self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
+                    frozen = self._checkpoint_settled(id, mem, frozen)
                     st.mark("checkpoint")
                     recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
@@ -170,6 +175,25 @@ class StopResumeMixin(NodeBase):
             if error:
                 self._set_phase(id, "running", lastError=error)
             return ResumeResult(memory_restored=False, reason=reason, error=error)
+
+    def _checkpoint_settled(self, id: str, mem: Path, frozen: bool) -> bool:
+        """Checkpoint the frozen sandbox ``id`` into ``mem``. A dump that failed only because a unix socket held a
+        message with control data CRIU can't save (:data:`SETTLING_DUMP_ERRORS`: e.g. a systemd notification the
+        receiver had not read yet when the freezer stopped it, typical right after a boot) is tried again after
+        the sandbox ran :data:`SETTLE_SECONDS` to read it, at most ``len(SETTLE_SECONDS)`` more times. Returns
+        whether the cgroup is frozen by us; raises the last :class:`RuntimeError_`."""
+        for wait in (*SETTLE_SECONDS, None):
+            try:
+                self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
+                return frozen
+            except RuntimeError_ as e:
+                if wait is None or not any(m in e.detail for m in SETTLING_DUMP_ERRORS):
+                    raise
+                log.info("checkpoint of %s met an unread control message; letting it run %.1f s", id, wait)
+                cgroup.thaw(self._cgroup_path(id))  # CRIU froze it again when its dump failed
+                time.sleep(wait)
+                frozen = cgroup.freeze(self._cgroup_path(id))
+        raise AssertionError("unreachable")
 
     def _host_mismatch(self, mem: Path, wait: float) -> list[str]:
         """What differs between the host the memory image in ``mem`` was made on and this one (``cpuModel``,

@@ -185,13 +185,18 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
     assert gone in ("absent", "not_found")
     assert dst.status(sid) == "running"
     left_on_b = sh(dst, sid, "ss -t -n -H state established")  # a connection the reset missed, restored closed
+    table = "sbx_" + "".join(c if c.isalnum() else "_" for c in a.node_name)
+    untracked = subprocess.run(["nsenter", f"--net=/run/netns/{a.netns}", "--", "nft", "list", "counter", "inet",
+                                table, "rst_untracked"], capture_output=True, text=True).stdout  # resets let in
+    untracked = " ".join(w for w in untracked.split() if w.isdigit()) or untracked.strip()
     dst.delete(sid)
     # Known bug (issue 11): in about half of the full-suite runs the peer got no reset at all after the move, though
     # everything above held. Reported as an expected failure, visibly, until the reset is made reliable.
     if (peer_saw, figures["resetConnections"] >= 1) != ("reset", True):
         pytest.xfail(f"known bug: the peer's TCP connection saw {peer_saw!r} after the move, not a reset "
                      f"(sockets destroyed at the freeze: {figures['resetSockets']}; established on B after the "
-                     f"move: {left_on_b!r})")
+                     f"move: {left_on_b!r}; packets, bytes of resets conntrack did not call established on A: "
+                     f"{untracked})")
 
 
 def test_kill9_of_the_destination_halfway_leaves_the_sandbox_running_on_its_source(
