@@ -137,9 +137,11 @@ def host_networks() -> list[str]:
     """IPv4 networks of the host's interfaces (``192.0.2.0/24``), loopback excluded: the host's neighbours."""
     from pyroute2 import IPRoute
 
+    from sbx.node import netlink
+
     nets = set()
     with IPRoute() as ipr:
-        for a in ipr.get_addr(family=socket.AF_INET):
+        for a in netlink.dump(ipr.get_addr, family=socket.AF_INET):
             addr, plen = a.get_attr("IFA_ADDRESS"), a["prefixlen"]
             net = ipaddress.IPv4Network(f"{addr}/{plen}", strict=False)
             if not net.is_loopback:

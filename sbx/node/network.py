@@ -38,6 +38,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from sbx.node import netlink
 from sbx.node.egress import EgressPolicy
 from sbx.node.nft import NftError
 from sbx.node.nft import run as _nft
@@ -198,7 +199,7 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
         if not ipr.link_lookup(ifname=bridge):
             ipr.link("add", ifname=bridge, kind="bridge")
         idx = ipr.link_lookup(ifname=bridge)[0]
-        addrs = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx, family=2)}
+        addrs = {a.get_attr("IFA_ADDRESS") for a in netlink.dump(ipr.get_addr, index=idx, family=2)}
         if str(gw.ip) not in addrs:
             ipr.addr("add", index=idx, address=str(gw.ip), prefixlen=gw.network.prefixlen)
         ipr.link("set", index=idx, state="up")
@@ -360,7 +361,7 @@ def sync_pins(bridge: str, node_name: str, leases: list[Lease]) -> None:
         if not found:
             return
         br_idx = found[0]
-        for n in ipr.get_neighbours(family=2, ifindex=br_idx):
+        for n in netlink.dump(ipr.get_neighbours, family=2, ifindex=br_idx):
             dst = n.get_attr("NDA_DST")
             if n["state"] & NUD_PERMANENT and dst not in wanted:
                 try:
@@ -396,7 +397,7 @@ def host_veths(prefix: str = "v") -> list[str]:
     """Names of host interfaces that are veth devices starting with ``prefix``."""
     out = []
     with IPRoute() as ipr:
-        for link in ipr.get_links():
+        for link in netlink.dump(ipr.get_links):
             info = link.get_attr("IFLA_LINKINFO")
             kind = info.get_attr("IFLA_INFO_KIND") if info else None
             name = link.get_attr("IFLA_IFNAME")
