@@ -26,8 +26,10 @@ from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.node")
 
-SETTLING_DUMP_ERRORS = ("Control messages in queue, not supported",)
-"""CRIU dump errors (criu/sk-queue.c) that a moment of running clears: the receiver reads the message."""
+SETTLING_DUMP_ERRORS = ("Control messages in queue, not supported", "Unseizable non-zombie")
+"""CRIU dump errors that a moment of running clears: a message with control data the receiver had not read yet
+(criu/sk-queue.c), and a task CRIU could not seize within its timeout because it sat in uninterruptible sleep
+("state D", compel/src/lib/infect.c; seen in CI while the data volume was being trimmed)."""
 SETTLE_SECONDS = (0.3, 1.0, 2.0)
 """How long the sandbox runs before each new dump attempt after such an error (seconds)."""
 
@@ -177,9 +179,10 @@ class StopResumeMixin(NodeBase):
             return ResumeResult(memory_restored=False, reason=reason, error=error)
 
     def _checkpoint_settled(self, id: str, mem: Path, frozen: bool) -> bool:
-        """Checkpoint the frozen sandbox ``id`` into ``mem``. A dump that failed only because a unix socket held a
-        message with control data CRIU can't save (:data:`SETTLING_DUMP_ERRORS`: e.g. a systemd notification the
-        receiver had not read yet when the freezer stopped it, typical right after a boot) is tried again after
+        """Checkpoint the frozen sandbox ``id`` into ``mem``. A dump that failed only for a passing reason
+        (:data:`SETTLING_DUMP_ERRORS`: a unix socket holding a message with control data CRIU can't save, e.g. a
+        systemd notification not read yet when the freezer stopped the guest, typical right after a boot; a task
+        in uninterruptible sleep CRIU could not seize) is tried again after
         the sandbox ran :data:`SETTLE_SECONDS` to read it, at most ``len(SETTLE_SECONDS)`` more times. Returns
         whether the cgroup is frozen by us; raises the last :class:`RuntimeError_`."""
         for wait in (*SETTLE_SECONDS, None):
@@ -189,7 +192,8 @@ class StopResumeMixin(NodeBase):
             except RuntimeError_ as e:
                 if wait is None or not any(m in e.detail for m in SETTLING_DUMP_ERRORS):
                     raise
-                log.info("checkpoint of %s met an unread control message; letting it run %.1f s", id, wait)
+                log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
+                         e.detail.strip().splitlines()[-1:])
                 cgroup.thaw(self._cgroup_path(id))  # CRIU froze it again when its dump failed
                 time.sleep(wait)
                 frozen = cgroup.freeze(self._cgroup_path(id))
