@@ -124,16 +124,16 @@ def server(
               f"(client config: {config_path()})", markup=False)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5)
-    _uvicorn_server(config, on_exit=lambda: _begin_shutdown(app, node)).run()
+    _uvicorn_server(config, on_exit=lambda: _begin_shutdown(app)).run()
     if node.cleanup_host():
         err.print(f"removed {settings.bridge}, the nftables table and /run/sbx/{settings.node_name}", markup=False)
 
 
-def _begin_shutdown(app: Any, node: Any) -> None:
+def _begin_shutdown(app: Any) -> None:
     """On the server's first SIGTERM/SIGINT: every node it drives (the configured one and those added with
-    ``sbx node add``) starts the exec grace period, so each attached exec ends with ``server_shutdown``."""
-    agents = [agent for _url, agent in app.state.control.router.agents().values()]
-    for agent in agents if any(a is node for a in agents) else [node, *agents]:
+    ``sbx node add``: :meth:`sbx.control.noderouter.NodeRouter.agents`) starts the exec grace period, so each
+    attached exec ends with ``server_shutdown``."""
+    for _url, agent in app.state.control.router.agents().values():
         try:
             agent.begin_shutdown(SHUTDOWN_GRACE)
         except Exception as e:  # one node's trouble must not keep the others from hearing it

@@ -55,11 +55,6 @@ class MigrateOps(MoveOps):
         :func:`sbx.node.migration.migrate` returned: ``pauseS``, ``totalS``, bytes...)."""
         return {}
 
-    def _unreserve(self, sandbox_id: str) -> None:
-        """Stop counting ``sandbox_id``'s move against its destination (:attr:`moving_to`)."""
-        with self.lifecycle.cond:
-            self.moving_to.pop(sandbox_id, None)
-
     def _no_api(self) -> dict[str, str]:
         """``{node: why}`` of nodes a migration can't go to: the embedded node has no node API to receive one."""
         return {n: "it is this server's embedded node (no node API to receive a live migration)"
@@ -96,8 +91,7 @@ class MigrateOps(MoveOps):
             before, after = self.lifecycle.begin(sandbox_id, "migrating", check, wait, error_code=None,
                                                  error_message=None)
         except BaseException:
-            with self.lifecycle.cond:
-                self.moving_to.pop(sandbox_id, None)
+            self._unreserve(sandbox_id)
             raise
         src, dst = chosen["src"], chosen["dst"]
         why = {"reason": reason} if reason else {}

@@ -236,8 +236,7 @@ class LifecycleOps(ForkOps):
         except _Already as done:
             return done.row
         except BaseException:
-            with self.lifecycle.cond:
-                self.moving_to.pop(sandbox_id, None)
+            self._unreserve(sandbox_id)
             raise
         resize = flags["resize"]
         target = size or self._size(before.type)
@@ -256,8 +255,7 @@ class LifecycleOps(ForkOps):
                     try:
                         self._move(sandbox_id, before.node or self.router.default_name, place.node)
                     finally:  # moved: the row names the destination now; or not moved
-                        with self.lifecycle.cond:
-                            self.moving_to.pop(sandbox_id, None)
+                        self._unreserve(sandbox_id)
                 flags["resuming"] = True
                 result = self.node.resume(sandbox_id, spec, cold=resize, require_memory=require_memory)
             except NodeError as e:

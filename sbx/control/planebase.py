@@ -176,6 +176,11 @@ class PlaneBase:
             out.append(placement.Candidate(name, self.registry.status(name), host, committed.get(name, 0), fp))
         return out
 
+    def _unreserve(self, sandbox_id: str) -> None:
+        """Stop counting ``sandbox_id``'s move against its destination (:attr:`moving_to`)."""
+        with self.lifecycle.cond:
+            self.moving_to.pop(sandbox_id, None)
+
     def _place(self, size: Size, what: str, only: str | None = None) -> str:
         """The node a new sandbox or fork (``what`` at ``size``) goes to (:func:`sbx.control.placement.choose`);
         ``507 insufficient_capacity`` when none may take it. The caller holds ``self.lifecycle.cond`` and writes

@@ -25,11 +25,9 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    and_,
     create_engine,
     delete,
     event,
-    or_,
     select,
     text,
 )
@@ -100,8 +98,8 @@ class SnapshotRow(Base):
 
     ``label`` is the name its account gave it, unique within the account (another account may use the same
     one); ``name`` is the installation-wide key the nodes and the usage records know it by: the label itself
-    when no other snapshot holds that key, else the label with a random suffix. Rows from before labels have
-    ``label`` null: their label is their key."""
+    when no other snapshot holds that key, else the label with a random suffix. Rows from before labels got their
+    key as their label (migration 0009)."""
 
     __tablename__ = "snapshots"
     __table_args__ = (UniqueConstraint("account_id", "label", name="uq_snapshots_account_label"),)
@@ -271,7 +269,7 @@ class Store:
         """Account ``account_id``'s snapshot named ``label``; with ``any_account`` (the admin key), else the oldest
         one of that name in any account. None when there is none."""
         with self.session() as s:
-            named = or_(SnapshotRow.label == label, and_(SnapshotRow.label.is_(None), SnapshotRow.name == label))
+            named = SnapshotRow.label == label
             row = s.scalar(select(SnapshotRow).where(named, SnapshotRow.account_id == account_id))
             if row is None and any_account:
                 row = s.scalar(select(SnapshotRow).where(named).order_by(SnapshotRow.created_at).limit(1))

@@ -88,9 +88,10 @@ def _answer(resp: httpx.Response, step: str) -> Any:
 def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
     """Destroy every connected TCP socket in the network namespace of ``init_pid`` (``ss -K``; the kernel's
     ``SOCK_DESTROY``): the peer of each gets a reset at once, the sandbox's end reads ``ECONNABORTED`` or EOF.
-    Listening sockets stay. ``ss -K`` destroys sockets while it walks the kernel's socket table, which can skip one
-    (a peer then waited on a connection the destination restores closed: a silent hang), so it runs again, up to
-    ``rounds`` times, until ``ss`` lists no connected socket but ones in ``TIME-WAIT``. Returns the destroyed
+    Listening sockets stay. A connection ``ss -K`` did not destroy would be restored closed on the destination
+    and its peer would wait on it (a silent hang): one a frozen listener's kernel accepted after the pass, or one
+    the pass missed. So ``ss`` lists the connected sockets again and ``-K`` runs again, up to ``rounds`` times,
+    until none but ones in ``TIME-WAIT`` are left. Returns the destroyed
     sockets as ``ss`` printed them (``"STATE RECV-Q SEND-Q LOCAL PEER"``; empty when ``ss`` can't: the dump then
     keeps them with ``--tcp-established`` and the destination restores them closed)."""
     ns = ["nsenter", f"--net=/proc/{init_pid}/ns/net", "ss", "-t", "-n", "-H"]

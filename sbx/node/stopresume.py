@@ -182,8 +182,8 @@ class StopResumeMixin(NodeBase):
         """Checkpoint the frozen sandbox ``id`` into ``mem``. A dump that failed only for a passing reason
         (:data:`SETTLING_DUMP_ERRORS`: a unix socket holding a message with control data CRIU can't save, e.g. a
         systemd notification not read yet when the freezer stopped the guest, typical right after a boot; a task
-        in uninterruptible sleep CRIU could not seize) is tried again after
-        the sandbox ran :data:`SETTLE_SECONDS` to read it, at most ``len(SETTLE_SECONDS)`` more times. Returns
+        in uninterruptible sleep CRIU could not seize) is tried again after the sandbox ran
+        :data:`SETTLE_SECONDS`, at most ``len(SETTLE_SECONDS)`` more times. Returns
         whether the cgroup is frozen by us; raises the last :class:`RuntimeError_`."""
         for wait in (*SETTLE_SECONDS, None):
             try:
@@ -193,7 +193,7 @@ class StopResumeMixin(NodeBase):
                 if wait is None or not any(m in e.detail for m in SETTLING_DUMP_ERRORS):
                     raise
                 log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
-                         e.detail.strip().splitlines()[-1:])
+                         e.detail.strip().rsplit("\n", 1)[-1])
                 cgroup.thaw(self._cgroup_path(id))  # CRIU froze it again when its dump failed
                 time.sleep(wait)
                 frozen = cgroup.freeze(self._cgroup_path(id))
