@@ -156,6 +156,7 @@ def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | 
         "SBX_PROXY_PORT": str(free_port()),  # the hosted-ports proxy: another server may hold the default 7080
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
         "SBX_CONSOLIDATE_SECONDS": "0",
+        "SBX_REPLICATE_SECONDS": "0",
         "SBX_EGRESS_UPSTREAM_CA": str(upstream_ca(tmp)),  # the egress figure's upstream (bench.egress)
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",

@@ -164,6 +164,10 @@ class Settings:
     node_unreachable_seconds: float = 6.0
     """A node whose last answered heartbeat is older than this is ``unreachable`` (its sandboxes show
     ``nodeStatus: "unreachable"``, their ``state`` unchanged)."""
+    replicate_seconds: float = 10.0
+    """Seal replicas (:mod:`sbx.control.replicas`): seconds between two passes of the loop that copies each stopped
+    sandbox's disk and memory image to a second node, so it can resume there when its own node is gone (also
+    right after each stop). 0 = off."""
     consolidate_seconds: float = 300.0
     """Consolidation (issue 11, :mod:`sbx.control.packing`): seconds between two passes of the loop that empties a
     lightly used node onto fuller ones (live migration for running sandboxes) and reports it removable. 0 = off."""
@@ -257,6 +261,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_NODE_UNREACHABLE_SECONDS": ("node_unreachable_seconds", float),
     "SBX_STATS_SAMPLE_SECONDS": ("stats_sample_seconds", float),
     "SBX_CONSOLIDATE_SECONDS": ("consolidate_seconds", float),
+    "SBX_REPLICATE_SECONDS": ("replicate_seconds", float),
     "SBX_CONSOLIDATE_LIGHT_FRACTION": ("consolidate_light_fraction", float),
     "SBX_CONSOLIDATE_HEADROOM": ("consolidate_headroom", float),
     "SBX_CONSOLIDATE_MAX_MOVES": ("consolidate_max_moves", int),

@@ -83,6 +83,7 @@ from sbx.control.accounts import Principal
 from sbx.control.consolidate import Consolidator
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
+from sbx.control.replicas import Replicator
 from sbx.control.service import ControlPlane, job_view
 from sbx.control.state import DEFAULT_WAIT
 from sbx.control.store import SandboxRow
@@ -151,18 +152,21 @@ def create_app(
     ``wait``: seconds a conflicting request waits for an operation in flight before ``409 busy``.
     ``serve_proxy``: also listen for hosted-port traffic on ``settings.proxy_port`` (:mod:`sbx.api.proxy`).
     Starting the app (its lifespan) reconciles with the node and starts the reaper, the consolidation loop
-    (:mod:`sbx.control.consolidate`) and the proxy; stopping it stops them.
+    (:mod:`sbx.control.consolidate`), the seal replicator (:mod:`sbx.control.replicas`) and the proxy; stopping
+    it stops them.
     """
     api_token = token if token is not None else ensure_token(settings)
     cp = control or ControlPlane(settings, node, wait=wait)
     reaper = Reaper(cp, tick=reaper_tick)
     consolidator = Consolidator(cp)
+    replicator = Replicator(cp)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         cp.start()
         reaper.start()
         consolidator.start()
+        replicator.start()
         proxy = None
         if serve_proxy:
             from sbx.api.proxy import Proxy
@@ -174,6 +178,7 @@ def create_app(
         finally:
             if proxy is not None:
                 await proxy.close()
+            replicator.stop()
             consolidator.stop()
             reaper.stop()
             cp.close()

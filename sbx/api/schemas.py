@@ -81,6 +81,8 @@ class Sandbox(_Out):
     labels: dict[str, str] = Field(default_factory=dict)
     node: str = Field(description="the node that holds the sandbox")
     nodeStatus: NodeStatus = Field(description="its node's status; `state` is kept while the node is unreachable")
+    replicaNode: str | None = Field(None, description="stopped: the node holding a current copy of its disk and "
+                                                      "memory image (it resumes there if its own node is gone)")
     stats: Stats
 
 

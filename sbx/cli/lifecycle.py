@@ -82,7 +82,7 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_column()
     for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
                 "memorySaved", "stopReason", "stopError", "ttl", "autoResume", "noSnapshots", "subdomain", "url",
-                "node", "nodeStatus", "createdAt", "updatedAt"):
+                "node", "nodeStatus", "replicaNode", "createdAt", "updatedAt"):
         value = sb.get(key)
         table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
     if sb.get("error"):

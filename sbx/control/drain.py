@@ -174,7 +174,8 @@ class Drains:
                     place = placement.choose_move(cp._candidates(exclude=sid), cp.settings, cp._size(fresh.type),
                                                   f"the move of {sid}", name, live=False,
                                                   has_memory=fresh.has_memory, prefer=prefer)
-                cp._move(sid, name, place.node, reason)
+                rep = cp.replicas.get(sid)  # a seal replica already there saves the copy
+                cp._move(sid, name, place.node, reason, replica=rep is not None and rep.node == place.node)
             self._set(entry, status="done", to=place.node)
             return
         raise ControlError("invalid_state", f"sandbox {sid} is {row.state}: it stays on node {name} (delete it, "

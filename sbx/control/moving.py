@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from sbx.config import Size
 from sbx.control import placement
 from sbx.control.errors import ControlError
 from sbx.control.planebase import PlaneBase
 from sbx.control.relocate import move_stopped
+from sbx.control.replicas import ReplicaRow
 from sbx.control.store import SandboxRow
 from sbx.node.types import NodeError
 
@@ -36,17 +38,37 @@ class MoveOps(PlaneBase):
         insufficient_capacity``."""
         what = f"resuming {row.id} as {target.name}"
         current = row.node or self.router.default_name
+        cands = self._candidates(exclude=row.id)
+        has_memory = row.has_memory and not resize
+        src = next((c for c in cands if c.name == current), None)
+        rep = self.replicas.get(row.id)
+        if rep is not None and (src is None or src.status == "unreachable"):
+            place = self._replica_place(rep, cands, target, what, has_memory)
+            if place is not None:
+                return None if require_memory and not place.memory else place
         try:
-            place = placement.choose_resume(self._candidates(exclude=row.id), self.settings, target, what, current,
-                                            has_memory=row.has_memory and not resize)
+            place = placement.choose_resume(cands, self.settings, target, what, current, has_memory=has_memory)
         except ControlError as err:
             if require_memory:
                 return None
             log.info("refused %s: %s", what, err.message)
             raise
+        if rep is not None and place.moves and place.node == rep.node:  # the replica saves the copy
+            place = placement.ResumePlace(place.node, moves=True, memory=place.memory and rep.memory, replica=True)
         if require_memory and not place.memory:
             return None
         return place
+
+    def _replica_place(self, rep: ReplicaRow, cands: list[placement.Candidate], target: Size, what: str,
+                       has_memory: bool) -> placement.ResumePlace | None:
+        """A resume on the node holding the seal replica ``rep`` (:mod:`sbx.control.replicas`), when that node is
+        ready and has room; with the memory image when it has one made on a node whose fingerprint matches."""
+        dst = next((c for c in cands if c.name == rep.node), None)
+        if dst is None or not placement.fits([dst], self.settings, target, what)[0]:
+            return None
+        memory = has_memory and rep.memory and placement.fingerprint_matches(dst.fingerprint, rep.fingerprint or {})
+        log.info("%s: its node is unreachable; the seal replica on %s takes it", what, rep.node)
+        return placement.ResumePlace(rep.node, moves=True, memory=memory, replica=True)
 
     def _wait_memory_place(self, row: SandboxRow, target: Size) -> placement.ResumePlace:
         """With ``--require-memory``: wait (up to ``settings.require_memory_wait`` s, checking every 2 s) until
@@ -68,18 +90,35 @@ class MoveOps(PlaneBase):
                                 "stopped (resume without --require-memory to boot it from its disk)")
             time.sleep(min(2.0, left))
 
-    def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None) -> None:
-        """Move the stopped sandbox from node ``src`` to ``dst`` (module docstring); event ``moved`` (with
-        ``reason``, e.g. ``drain`` or ``consolidation``, when given). Raises ``NodeError``; the sandbox is then
-        still on ``src``."""
-        info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
+    def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None, replica: bool = False) -> None:
+        """Move the stopped sandbox from node ``src`` to ``dst`` (module docstring); with ``replica``, ``dst``
+        turns the seal replica it holds into the sandbox instead (``src`` need not answer). Event ``moved`` (with
+        ``reason``, e.g. ``drain`` or ``consolidation``, when given; ``replica`` true when a replica was used).
+        Raises ``NodeError``; the sandbox is then still on ``src``. A source that doesn't answer the delete of its
+        copy keeps it until it does (``node_leftovers``)."""
+        if replica:
+            holder: Any = self.router.agent(dst)  # the transfer calls are not NodeAgent's (sbx.node.transfer)
+            info = {"seconds": 0.0, "delta": "replica", **holder.promote_replica(sandbox_id)}
+            info.setdefault("files", 0)
+        else:
+            try:
+                info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
+            except NodeError as e:
+                if e.code != "exists" or (sandbox_id, dst) not in self.replicas.leftovers():
+                    raise
+                # an old copy of it, left there when it left that node, is in the way: it goes first
+                self.router.agent(dst).delete(sandbox_id)
+                self.replicas.clear_leftover(sandbox_id, dst)
+                info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
         self.store.update_sandbox(sandbox_id, node=dst)
+        self.replicas.forget(sandbox_id)
         log.info("moved %s from %s to %s: %d bytes in %d files (%s disk delta, memory %s) in %.2f s", sandbox_id,
                  src, dst, info["bytes"], info["files"], info["delta"], info["memory"], info["seconds"])
         self.add_event(sandbox_id, {"event": "moved", "id": sandbox_id, "from": src, "to": dst,
                                     "bytes": info["bytes"], "memory": info["memory"],
-                                    **({"reason": reason} if reason else {})})
+                                    **({"reason": reason} if reason else {}), **({"replica": True} if replica else {})})
         try:
             self.router.agent(src).delete(sandbox_id)
-        except NodeError as e:  # its next reconcile removes it: the store no longer puts it there
+        except NodeError as e:  # the replicator deletes it once that node answers again
             log.warning("the old copy of %s on %s stays for now: %s", sandbox_id, src, e.message)
+            self.replicas.add_leftover(sandbox_id, src)

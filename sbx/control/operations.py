@@ -253,7 +253,8 @@ class LifecycleOps(ForkOps):
                 place = flags["place"] or self._wait_memory_place(before, target)
                 if place.moves:
                     try:
-                        self._move(sandbox_id, before.node or self.router.default_name, place.node)
+                        self._move(sandbox_id, before.node or self.router.default_name, place.node,
+                                   replica=place.replica)
                     finally:  # moved: the row names the destination now; or not moved
                         self._unreserve(sandbox_id)
                 flags["resuming"] = True

@@ -128,6 +128,8 @@ class ResumePlace:
     node: str
     moves: bool
     memory: bool
+    replica: bool = False
+    """The move takes the seal replica ``node`` already holds (:mod:`sbx.control.replicas`) instead of a copy."""
 
 
 def choose_resume(candidates: Iterable[Candidate], settings: Settings, size: Size, what: str, current: str,

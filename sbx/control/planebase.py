@@ -24,6 +24,7 @@ from sbx.control.ids import sandbox_url
 from sbx.control.metering import Meter
 from sbx.control.noderouter import NodeRouter
 from sbx.control.registry import NodeRegistry
+from sbx.control.replicas import ReplicaBook, forget_on_state_change
 from sbx.control.routes import Routes
 from sbx.control.sampler import Sampler
 from sbx.control.secrets import Secrets
@@ -86,6 +87,8 @@ class PlaneBase:
         self.accounts = Accounts(self.store, list(self.plans), settings.default_plan)
         self.meter = Meter(self.store, settings)
         self.store.state_hooks.append(self.meter.on_state)
+        self.replicas = ReplicaBook(self.store)  # seal replicas on other nodes (sbx.control.replicas)
+        self.store.state_hooks.append(forget_on_state_change)
         self.sampler = Sampler(self.router, lambda: [r.id for r in self.store.list_sandboxes() if r.state == "running"],
                                settings.stats_sample_seconds)
 
@@ -118,7 +121,8 @@ class PlaneBase:
         ``error`` (``{"code","message"}`` of the last failed operation, e.g. ``interrupted`` for a fork the server
         was killed in; null otherwise), ``node`` (the node that holds it) and ``nodeStatus`` (``ready``,
         ``cordoned`` or ``unreachable``: :mod:`sbx.control.registry`; ``state`` stays what it was while its node is
-        unreachable).
+        unreachable), ``replicaNode`` (a stopped sandbox's node holding a current copy of its disk and memory
+        image, where it resumes should its own node be gone: :mod:`sbx.control.replicas`; null otherwise).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -147,8 +151,15 @@ class PlaneBase:
             "error": {"code": row.error_code, "message": row.error_message or ""} if row.error_code else None,
             "node": row.node or self.registry.name,
             "nodeStatus": self.registry.status(row.node),
+            "replicaNode": self._replica_node(row),
             "stats": stats_view(self._stats(row, space) if stats else None),
         }
+
+    def _replica_node(self, row: SandboxRow) -> str | None:
+        if row.state != "stopped":
+            return None
+        rep = self.replicas.get(row.id)
+        return rep.node if rep is not None else None
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
         return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env))

@@ -36,6 +36,7 @@ The agent is split by mechanism; :class:`LocalNode` combines the parts:
 - :mod:`sbx.node.reconcile`: reconcile after a crash, server shutdown, leftovers;
 - :mod:`sbx.node.migration` and :mod:`sbx.node.migration_in`: live migration to and from another node.
 - :mod:`sbx.node.transfer`: a stopped sandbox's export to another node and its import there.
+- :mod:`sbx.node.replicas`: seal replicas, copies of other nodes' stopped sandboxes kept here until needed.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ from sbx.node.lifecycle import LifecycleMixin
 from sbx.node.memcopy import MemoryCopyMixin
 from sbx.node.migration import MigrationMixin
 from sbx.node.reconcile import ReconcileMixin
+from sbx.node.replicas import ReplicaMixin
 from sbx.node.snapshots import SnapshotMixin
 from sbx.node.stats import StatsMixin
 from sbx.node.stopresume import StopResumeMixin
 from sbx.node.templates import TemplateMixin
-from sbx.node.transfer import TransferMixin
 from sbx.node.watching import WatchMixin
 
 
@@ -64,7 +65,7 @@ class LocalNode(
     WatchMixin,
     ReconcileMixin,
     MigrationMixin,
-    TransferMixin,
+    ReplicaMixin,
 ):
     """Sandboxes on this host (runc + CRIU + reflink disks). Thread-safe: each sandbox has its own lock, and
     operations on different sandboxes run in parallel."""

@@ -44,6 +44,9 @@ from sbx.storage.errors import StorageError
 CHUNK = 1 << 20
 """Bytes per piece of a transferred file."""
 
+EXPORT_KINDS = ("move", "replica")
+"""What an export is for: a move (the sandbox leaves this node) or a seal replica (a copy kept on another node)."""
+
 SEEK_DATA, SEEK_HOLE = 3, 4
 
 
@@ -105,11 +108,41 @@ def _safe_name(name: str, files: dict[str, Any]) -> str:
     return name
 
 
+def receive_file(folder: Path, want: dict[str, Any], name: str, chunks: Iterable[bytes]) -> None:
+    """Write file ``name`` (a name of the manifest's ``files``, ``want``) under ``folder`` from ``chunks``, hashing
+    it, through a ``.part`` file renamed into place once its size and SHA-256 match the manifest's (synced
+    first). Raises ``NodeError``: ``not_found`` (a name outside the manifest), ``transfer_corrupt`` (the file is
+    removed)."""
+    name = _safe_name(name, want)
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    h = hashlib.sha256()
+    n = 0
+    with part.open("wb") as f:
+        for b in chunks:
+            h.update(b)
+            n += len(b)
+            f.write(b)
+        f.flush()
+        os.fsync(f.fileno())
+    if n != want[name]["size"] or h.hexdigest() != want[name]["sha256"]:
+        part.unlink(missing_ok=True)
+        raise NodeError("transfer_corrupt", f"{name}: got {n} bytes with SHA-256 {h.hexdigest()}, expected "
+                                            f"{want[name]['size']} bytes with {want[name]['sha256']}")
+    os.replace(part, path)
+
+
 class TransferMixin(NodeBase):
     """Export a stopped sandbox and import one (part of :class:`sbx.node.agent.LocalNode`; module docstring)."""
 
-    def _export_dir(self, sid: str) -> Path:
-        return self._dir(sid) / "export"
+    def _export_dir(self, sid: str, kind: str = "move") -> Path:
+        """Where an export of ``sid`` is prepared: ``export`` for a move, ``export-replica`` for a seal replica
+        (:mod:`sbx.node.replicas`), so the two never share files. Raises ``NodeError("bad_call")`` for another
+        ``kind``."""
+        if kind not in EXPORT_KINDS:
+            raise NodeError("bad_call", f"an export is for a move or a replica, not {kind!r}")
+        return self._dir(sid) / ("export" if kind == "move" else "export-replica")
 
     def _incoming(self, sid: str) -> Path:
         return self.settings.node_dir / "incoming" / sid
@@ -122,18 +155,21 @@ class TransferMixin(NodeBase):
         except OSError as e:
             raise NodeError("transfer_failed", f"hashing the base image: {e}") from e
 
-    def export_stopped(self, id: str, parent: dict[str, str] | None = None) -> dict[str, Any]:
+    def export_stopped(self, id: str, parent: dict[str, str] | None = None, kind: str = "move") -> dict[str, Any]:
         """Prepare the stopped sandbox ``id`` for a move (step 2 of the module docstring): the disk delta against
         this node's base image when ``parent`` (the destination's :meth:`transfer_parent`) has the same digest,
-        else a full one. Returns the manifest: ``{"id", "spec", "size", "diskGen", "uidBase", "oomKills",
-        "memory": bool, "freshIdentity": bool (a fork whose first start is still to come), "parent":
-        {"image","sha256"} | None, "fingerprint": {...} | None, "files": {name: {"size", "sha256"}}}``.
+        else a full one. ``kind="replica"``: for a seal replica (:mod:`sbx.node.replicas`): prepared apart from a
+        move's export, and the memory image's files are hard-linked into it, so a resume that discards the image
+        meanwhile, or a later dump, can't change what is sent. Returns the manifest: ``{"id", "spec", "size",
+        "diskGen", "uidBase", "oomKills", "memory": bool, "freshIdentity": bool (a fork whose first start is still
+        to come), "parent": {"image","sha256"} | None, "fingerprint": {...} | None, "files": {name: {"size",
+        "sha256"}}}``.
         Raises ``NodeError``: ``not_found``, ``invalid_state`` (it runs), ``transfer_failed``."""
         with self._lock(id):
             rec = self._record(id)
             if self.runtime.state(id) is not None or rec["phase"] not in ("checkpointed", "stopped"):
                 raise NodeError("invalid_state", f"sandbox {id} is not stopped ({rec['phase']})")
-            out = self._export_dir(id)
+            out = self._export_dir(id, kind)
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             mine = self.transfer_parent()
@@ -150,6 +186,9 @@ class TransferMixin(NodeBase):
                 mem = self._memory(id)
                 for p in sorted(mem.rglob("*")):
                     if p.is_file():
+                        if kind == "replica":
+                            (out / "memory" / p.relative_to(mem)).parent.mkdir(parents=True, exist_ok=True)
+                            os.link(p, out / "memory" / p.relative_to(mem))
                         files[f"memory/{p.relative_to(mem)}"] = {"size": p.stat().st_size, "sha256": _sha256_file(p),
                                                                  "mode": p.stat().st_mode & 0o777}
             manifest = {
@@ -164,15 +203,16 @@ class TransferMixin(NodeBase):
             (out / "manifest.json").write_text(json.dumps(manifest))
             return manifest
 
-    def export_file(self, id: str, name: str) -> Iterator[bytes]:
-        """The bytes of file ``name`` of the export of ``id`` (a manifest name), in pieces of :data:`CHUNK`.
-        Raises ``NodeError("not_found")``."""
+    def export_file(self, id: str, name: str, kind: str = "move") -> Iterator[bytes]:
+        """The bytes of file ``name`` of the export of ``id`` for ``kind`` (a manifest name), in pieces of
+        :data:`CHUNK`. Raises ``NodeError("not_found")``."""
+        out = self._export_dir(id, kind)
         try:
-            manifest = json.loads((self._export_dir(id) / "manifest.json").read_text())
+            manifest = json.loads((out / "manifest.json").read_text())
         except (OSError, ValueError):
             raise NodeError("not_found", f"sandbox {id} has no export in progress") from None
         name = _safe_name(name, manifest["files"])
-        path = self._export_dir(id) / name if name == "disk.delta" else self._memory(id) / name[len("memory/"):]
+        path = out / name if name == "disk.delta" or kind == "replica" else self._memory(id) / name[len("memory/"):]
         try:
             f = path.open("rb")
         except OSError as e:
@@ -185,9 +225,9 @@ class TransferMixin(NodeBase):
 
         return pieces()
 
-    def end_export(self, id: str) -> None:
-        """Remove what :meth:`export_stopped` prepared (nothing when there is none)."""
-        shutil.rmtree(self._export_dir(id), ignore_errors=True)
+    def end_export(self, id: str, kind: str = "move") -> None:
+        """Remove what :meth:`export_stopped` prepared for ``kind`` (nothing when there is none)."""
+        shutil.rmtree(self._export_dir(id, kind), ignore_errors=True)
 
     def begin_import(self, manifest: dict[str, Any]) -> None:
         """Make room for the files of ``manifest`` (step 3). Raises ``NodeError("exists")`` when the sandbox is
@@ -195,9 +235,7 @@ class TransferMixin(NodeBase):
         sid = str(manifest["id"])
         if (self._dir(sid) / "node.json").exists():
             raise NodeError("exists", f"sandbox {sid} is already on this node")
-        parent = manifest.get("parent")
-        if parent is not None and parent.get("sha256") != self.transfer_parent()["sha256"]:
-            raise NodeError("transfer_failed", "the disk delta was made against another base image")
+        self._check_parent(manifest)
         inc = self._incoming(sid)
         shutil.rmtree(inc, ignore_errors=True)
         (inc / "memory").mkdir(parents=True)
@@ -212,36 +250,29 @@ class TransferMixin(NodeBase):
     def import_stream(self, id: str, name: str, chunks: Iterable[bytes]) -> None:
         """Write file ``name`` of the import of ``id`` from ``chunks``, hashing it; a file whose size or
         SHA-256 differs from the manifest's is removed and ``NodeError("transfer_corrupt")`` raised."""
-        want = self._manifest_in(id)["files"]
-        name = _safe_name(name, want)
-        path = self._incoming(id) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(path.name + ".part")
-        h = hashlib.sha256()
-        n = 0
-        with part.open("wb") as f:
-            for b in chunks:
-                h.update(b)
-                n += len(b)
-                f.write(b)
-            f.flush()
-            os.fsync(f.fileno())
-        if n != want[name]["size"] or h.hexdigest() != want[name]["sha256"]:
-            part.unlink(missing_ok=True)
-            raise NodeError("transfer_corrupt", f"{name}: got {n} bytes with SHA-256 {h.hexdigest()}, expected "
-                                                f"{want[name]['size']} bytes with {want[name]['sha256']}")
-        os.replace(part, path)
+        receive_file(self._incoming(id), self._manifest_in(id)["files"], name, chunks)
 
     def abort_import(self, id: str) -> None:
         """Drop an unfinished import of ``id`` (nothing when there is none)."""
         shutil.rmtree(self._incoming(id), ignore_errors=True)
 
+    def _check_parent(self, manifest: dict[str, Any]) -> None:
+        parent = manifest.get("parent")
+        if parent is not None and parent.get("sha256") != self.transfer_parent()["sha256"]:
+            raise NodeError("transfer_failed", "the disk delta was made against another base image")
+
     def commit_import(self, id: str) -> None:
         """Make the imported sandbox ``id`` a stopped sandbox of this node (step 4 of the module docstring).
         Raises ``NodeError``: ``not_found``, ``transfer_corrupt`` (a file missing or the delta's hash wrong),
         ``transfer_failed``; the partial sandbox is removed then."""
-        man = self._manifest_in(id)
-        inc = self._incoming(id)
+        self._commit_from(id, self._incoming(id))
+
+    def _commit_from(self, id: str, inc: Path) -> None:
+        """:meth:`commit_import` from the files in ``inc`` (an import, or a seal replica being promoted)."""
+        try:
+            man = json.loads((inc / "manifest.json").read_text())
+        except (OSError, ValueError):
+            raise NodeError("not_found", f"no import of {id} in progress") from None
         for name in man["files"]:
             if not (inc / name).is_file():
                 raise NodeError("transfer_corrupt", f"{name} was not received")

@@ -48,6 +48,7 @@ class FaultServer:
             "SBX_PROXY_PORT": str(_free_port()),
             "SBX_AUTO_SNAPSHOT_SECONDS": "0",
             "SBX_CONSOLIDATE_SECONDS": "0",
+            "SBX_REPLICATE_SECONDS": "0",
             "HOME": str(tmp / "home"),
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             **env_extra,

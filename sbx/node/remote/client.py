@@ -141,11 +141,11 @@ class RemoteNode:
     def transfer_parent(self) -> dict[str, str]:
         return self._call("transfer_parent")  # type: ignore[no-any-return]
 
-    def export_stopped(self, id: str, parent: dict[str, str] | None = None) -> dict[str, Any]:
-        return self._call("export_stopped", id, parent)  # type: ignore[no-any-return]
+    def export_stopped(self, id: str, parent: dict[str, str] | None = None, kind: str = "move") -> dict[str, Any]:
+        return self._call("export_stopped", id, parent, kind)  # type: ignore[no-any-return]
 
-    def end_export(self, id: str) -> None:
-        self._call("end_export", id)
+    def end_export(self, id: str, kind: str = "move") -> None:
+        self._call("end_export", id, kind)
 
     def begin_import(self, manifest: dict[str, Any]) -> None:
         self._call("begin_import", manifest)
@@ -156,10 +156,12 @@ class RemoteNode:
     def commit_import(self, id: str) -> None:
         self._call("commit_import", id)
 
-    def export_file(self, id: str, name: str) -> Iterator[bytes]:
-        """File ``name`` of the export of ``id``, streamed from the node in pieces (never whole in memory)."""
+    def export_file(self, id: str, name: str, kind: str = "move") -> Iterator[bytes]:
+        """File ``name`` of the export of ``id`` for ``kind``, streamed from the node in pieces (never whole in
+        memory)."""
         try:
-            resp = self._http.send(self._http.build_request("GET", f"/v1/node/transfer/{id}/{name}"), stream=True)
+            resp = self._http.send(self._http.build_request("GET", f"/v1/node/transfer/{id}/{name}",
+                                                            params={"kind": kind}), stream=True)
         except httpx.HTTPError as e:
             raise self._unreachable(e) from None
         if resp.status_code >= 400:
@@ -179,11 +181,34 @@ class RemoteNode:
 
     def import_stream(self, id: str, name: str, chunks: Iterator[bytes]) -> None:
         """Stream ``chunks`` into file ``name`` of the import of ``id`` on the node (it checks the hash)."""
+        self._put_stream(f"/v1/node/transfer/{id}/{name}", chunks)
+
+    def _put_stream(self, path: str, chunks: Iterator[bytes]) -> None:
         try:
-            resp = self._http.put(f"/v1/node/transfer/{id}/{name}", content=chunks)
+            resp = self._http.put(path, content=chunks)
         except httpx.HTTPError as e:
             raise self._unreachable(e) from None
         self._check(resp)
+
+    # --- seal replicas (sbx.node.replicas) ------------------------------------------------------------------------
+    def begin_replica(self, manifest: dict[str, Any]) -> None:
+        self._call("begin_replica", manifest)
+
+    def replica_stream(self, id: str, name: str, chunks: Iterator[bytes]) -> None:
+        """Stream ``chunks`` into file ``name`` of the replica of ``id`` being made on the node (hash-checked)."""
+        self._put_stream(f"/v1/node/replica/{id}/{name}", chunks)
+
+    def seal_replica(self, id: str) -> dict[str, Any]:
+        return self._call("seal_replica", id)  # type: ignore[no-any-return]
+
+    def drop_replica(self, id: str) -> None:
+        self._call("drop_replica", id)
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        return self._call("replicas")  # type: ignore[no-any-return]
+
+    def promote_replica(self, id: str) -> dict[str, Any]:
+        return self._call("promote_replica", id)  # type: ignore[no-any-return]
 
     # --- NodeAgent ----------------------------------------------------------------------------------------------
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:

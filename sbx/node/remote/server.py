@@ -20,7 +20,9 @@ has the shapes):
 - ``GET /v1/node/relay``: ``{"port": P}`` of the node's port relay (:mod:`sbx.node.remote.relay`; 0: none);
 - ``GET /v1/node/transfer/<id>/<name>``: a file of a stopped sandbox's export, streamed (:mod:`sbx.node.transfer`);
 - ``PUT /v1/node/transfer/<id>/<name>``: a file of an import, streamed in and hash-checked (409
-  ``transfer_corrupt`` when its SHA-256 differs from the manifest's).
+  ``transfer_corrupt`` when its SHA-256 differs from the manifest's); ``GET`` with ``?kind=replica``: a file of
+  an export for a seal replica;
+- ``PUT /v1/node/replica/<id>/<name>``: a file of a seal replica, likewise (:mod:`sbx.node.replicas`).
 
 The node agent process watches its own sandboxes from its start; each control plane polls ``exits``.
 """
@@ -39,7 +41,7 @@ import secrets
 import subprocess
 import threading
 import tty
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -152,22 +154,22 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
         return dict(relay_port)
 
     @app.get("/v1/node/transfer/{sid}/{name:path}")
-    def export_file(sid: str, name: str) -> Any:
+    def export_file(sid: str, name: str, kind: str = "move") -> Any:
         try:
-            pieces = xfer.export_file(sid, name)
+            pieces = xfer.export_file(sid, name, kind)
         except NodeError as e:
             return _error(409, e.code, e.message)
         return StreamingResponse(pieces, media_type="application/octet-stream")
 
-    @app.put("/v1/node/transfer/{sid}/{name:path}")
-    async def import_file(sid: str, name: str, request: Request) -> Any:
+    async def receive(sink: Callable[[Iterator[bytes]], None], what: str, request: Request) -> Any:
+        """Feed the request's body to ``sink`` (a file of an import or of a replica) in a worker thread."""
         q: queue.Queue[bytes | None] = queue.Queue(maxsize=32)
 
         def chunks() -> Iterator[bytes]:
             while (b := q.get()) is not None:
                 yield b
 
-        fut = asyncio.get_running_loop().run_in_executor(None, lambda: xfer.import_stream(sid, name, chunks()))
+        fut = asyncio.get_running_loop().run_in_executor(None, lambda: sink(chunks()))
 
         async def feed(b: bytes | None) -> None:
             while not fut.done():
@@ -184,7 +186,7 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
                 if b:
                     await feed(b)
         except Exception as e:  # the sender went away: what arrived is checked (and refused) below
-            log.info("import of %s/%s: body ended early: %s", sid, name, e)
+            log.info("%s: body ended early: %s", what, e)
         finally:
             await feed(None)
         try:
@@ -192,6 +194,16 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
         except NodeError as e:
             return _error(409, e.code, e.message)
         return {"ok": True}
+
+    @app.put("/v1/node/transfer/{sid}/{name:path}")
+    async def import_file(sid: str, name: str, request: Request) -> Any:
+        return await receive(lambda chunks: xfer.import_stream(sid, name, chunks), f"import of {sid}/{name}",
+                             request)
+
+    @app.put("/v1/node/replica/{sid}/{name:path}")
+    async def replica_file(sid: str, name: str, request: Request) -> Any:
+        return await receive(lambda chunks: xfer.replica_stream(sid, name, chunks), f"replica of {sid}/{name}",
+                             request)
 
     @app.post("/v1/node/call/{method}")
     def call(method: str, body: dict[str, Any]) -> Any:

@@ -46,6 +46,8 @@ CALLS = frozenset({
     "migrate_prepare", "migrate_abort", "migrate_out",
     # a stopped sandbox moving between nodes (sbx.node.transfer); its files have their own streaming routes
     "transfer_parent", "export_stopped", "end_export", "begin_import", "abort_import", "commit_import",
+    # seal replicas (sbx.node.replicas); their files stream in on their own route
+    "begin_replica", "seal_replica", "drop_replica", "replicas", "promote_replica",
 })
 
 

@@ -36,7 +36,7 @@ def test_a_pass_drains_the_light_added_node_and_a_failed_move_puts_it_back(
         # stopped: it may move to fake; the move fails (the node says so) and the sandbox stays
         moves: list[tuple[str, str, str, str | None]] = []
 
-        def failing_move(sandbox_id: str, src: str, dst: str, reason: str | None = None) -> None:
+        def failing_move(sandbox_id: str, src: str, dst: str, reason: str | None = None, replica: bool = False) -> None:
             moves.append((sandbox_id, src, dst, reason))
             raise NodeError("transfer_failed", "the destination went away")
 
