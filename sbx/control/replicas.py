@@ -188,9 +188,11 @@ class Replicator:
         rows = {r.id: r for r in cp.store.list_sandboxes()}
         default = cp.router.default_name
         self._clear_leftovers(rows, set(ready), default, out)
-        self._drop_stale(rows, have, ready, out)
+        self._drop_stale(rows, have, [n for n, c in cands.items() if c.status != "unreachable"], out)
         settled = utcnow() - dt.timedelta(seconds=self.settle)
-        todo = [r for r in rows.values() if r.state == "stopped" and not r.no_snapshots and r.id not in have
+        # a replica on a node that can't take a resume now (unreachable, cordoned, removed) is made again elsewhere
+        todo = [r for r in rows.values() if r.state == "stopped" and not r.no_snapshots
+                and (r.id not in have or have[r.id].node not in ready)
                 and as_utc(r.updated_at) <= settled
                 and cands.get(r.node or default) is not None and cands[r.node or default].status != "unreachable"]
         for row in todo[:BATCH]:
@@ -222,9 +224,10 @@ class Replicator:
             self.book.clear_leftover(sid, node)
             out["leftovers"].append([node, sid])
 
-    def _drop_stale(self, rows: dict[str, SandboxRow], have: dict[str, ReplicaRow], ready: list[str],
+    def _drop_stale(self, rows: dict[str, SandboxRow], have: dict[str, ReplicaRow], answering: list[str],
                     out: dict[str, Any]) -> None:
-        for node in ready:
+        """Drop the replicas each node in ``answering`` holds that are not the store's current one there."""
+        for node in answering:
             agent: Any = self.cp.router.agent(node)
             try:
                 held = agent.replicas()

@@ -93,18 +93,22 @@ class ReplicaMixin(TransferMixin):
         shutil.rmtree(self._replica(id), ignore_errors=True)
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        """``{id: {"bytes", "memory", "from": the node it was copied from}}`` of every whole replica here."""
+        """``{id: {"bytes", "memory", "from": the node it was copied from, "whole": bool}}`` of every replica
+        here; ``whole`` false for one left unfinished (a copy cut by a crash: ``bytes`` 0), so the control plane
+        drops those too."""
         folder = self.settings.node_dir / "replicas"
         out: dict[str, dict[str, Any]] = {}
         for d in sorted(folder.iterdir()) if folder.is_dir() else []:
-            if d.name.endswith(".part"):
-                continue
+            sid = d.name.removesuffix(".part")
             try:
                 man = json.loads((d / "manifest.json").read_text())
             except (OSError, ValueError):
-                continue
-            out[d.name] = {"bytes": sum(int(f["size"]) for f in man["files"].values()),
-                           "memory": bool(man["memory"]), "from": man.get("from")}
+                man = {"files": {}, "memory": False}
+            if d.name.endswith(".part"):
+                out.setdefault(sid, {"bytes": 0, "memory": False, "from": man.get("from"), "whole": False})
+            else:
+                out[sid] = {"bytes": sum(int(f["size"]) for f in man["files"].values()),
+                            "memory": bool(man["memory"]), "from": man.get("from"), "whole": True}
         return out
 
     def promote_replica(self, id: str) -> dict[str, Any]:
