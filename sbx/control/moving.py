@@ -98,18 +98,12 @@ class MoveOps(PlaneBase):
         copy keeps it until it does (``node_leftovers``)."""
         if replica:
             holder: Any = self.router.agent(dst)  # the transfer calls are not NodeAgent's (sbx.node.transfer)
+            if holder.status(sandbox_id) != "absent":  # stale, as in move_stopped: the store puts it on src
+                holder.delete(sandbox_id)
             info = {"seconds": 0.0, "delta": "replica", **holder.promote_replica(sandbox_id)}
             info.setdefault("files", 0)
         else:
-            try:
-                info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
-            except NodeError as e:
-                if e.code != "exists" or (sandbox_id, dst) not in self.replicas.leftovers():
-                    raise
-                # an old copy of it, left there when it left that node, is in the way: it goes first
-                self.router.agent(dst).delete(sandbox_id)
-                self.replicas.clear_leftover(sandbox_id, dst)
-                info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
+            info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)  # clears stale copies
         self.store.update_sandbox(sandbox_id, node=dst)
         self.replicas.forget(sandbox_id)
         log.info("moved %s from %s to %s: %d bytes in %d files (%s disk delta, memory %s) in %.2f s", sandbox_id,
