@@ -13,7 +13,9 @@ and the folders only it and host root may enter.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +25,10 @@ from sbx.node import guestfs
 from sbx.runtime.oci import mount_targets
 from sbx.storage import disk as disks
 from sbx.storage import idmap, mounts
+from sbx.storage.errors import StorageError
 from sbx.storage.locks import file_lock
+
+log = logging.getLogger("sbx.node")
 
 
 def taken_uid_bases(volume: Path) -> set[int]:
@@ -75,15 +80,41 @@ def mount_root(image: Path, host: Path, rootfs: Path, base: int) -> None:
 
 
 def umount_root(image: Path, rootfs: Path) -> None:
-    """Unmount every mount of the disk ``image``: the view at ``rootfs`` first, then the plain mount (which detaches
-    the loop device). Raises ``StorageError("busy")`` when one is in use."""
+    """Unmount every mount of the disk ``image``, after a syncfs(2) of it: the view at ``rootfs`` first, then the
+    plain mount (which detaches the loop device). Raises ``StorageError("busy")`` when one is in use."""
     first = os.path.realpath(rootfs)
+    mps = [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
+    if mps:  # everything written reaches the image now, even if another namespace keeps the filesystem alive
+        try:
+            disks.syncfs(mps[0])
+        except (OSError, StorageError) as e:
+            log.warning("syncfs of %s failed before its unmount: %s", mps[0], e)
     for _ in range(8):
         mps = [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
         if not mps:
             return
         mps.sort(key=lambda mp: str(mp) != first)
         disks.umount(mps[0])
+
+
+def release_holders(image: Path) -> list[str]:
+    """Lazily unmount (``umount -l`` run in each one, through ``nsenter``) the copies of the disk ``image``'s
+    mounts that other mount namespaces on the host still hold (:func:`sbx.storage.mounts.holders`: made by a
+    process that unshared its mount namespace while the sandbox ran), so the filesystem shuts down and its loop
+    device goes instead of outliving the sandbox's stop, where the next mount of the image would make a second
+    live filesystem on it. Returns ``"PID MOUNTPOINT"`` of each one unmounted; one that fails is logged."""
+    done: list[str] = []
+    for dev in mounts.loop_devices_for(image):
+        for pid, points in mounts.holders(dev).items():
+            for mp in sorted(points, key=lambda p: len(str(p)), reverse=True):
+                r = subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "umount", "-l", str(mp)],
+                                   capture_output=True, text=True, timeout=10)
+                if r.returncode == 0:
+                    done.append(f"{pid} {mp}")
+                else:
+                    log.warning("could not unmount the copy of %s at %s in process %d's mount namespace: %s",
+                                image, mp, pid, r.stderr.strip())
+    return done
 
 
 def precreate_mount_targets(host: Path, config: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ memory SHA-256 and files; when the dead agent comes back its old copy is removed
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,4 +111,34 @@ def test_without_a_replica_the_resume_says_the_node_is_gone(cluster: tuple[Serve
     assert (after["node"], after["memoryRestored"]) == (home.node_name, True), after
     assert ok(srv, "exec", sid, "pgrep -f 'sleep 545454'").strip() == pid
     assert ok(srv, "exec", sid, "cat ~/mine").strip() == "mine"
+    ok(srv, "delete", sid, "--wait")
+
+
+def test_a_mount_namespace_holding_the_disk_loses_no_write_on_a_move(
+        cluster: tuple[Server, list[NodeHost]]) -> None:
+    """A process on the host that made a mount namespace while the sandbox ran (any ``unshare -m``, a systemd
+    unit with PrivateTmp, a container starting) holds a copy of the sandbox's disk mount, so its filesystem
+    outlives the node's unmount at the stop. What the sandbox wrote just before the stop is still in the disk's
+    seal and arrives on another node (seen in CI as a drained sandbox's file that came back empty)."""
+    srv, nodes = cluster
+    sid = ok(srv, "new", "--type", "small").strip()
+    home = next(n for n in nodes if n.node_name == info(srv, sid)["node"])
+    other = next(n for n in nodes if n is not home)
+    holder_ns = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "300"])
+    try:
+        ok(srv, "exec", sid, "head -c 3000000 /dev/urandom > ~/late.bin && sha256sum ~/late.bin > ~/late.sha "
+                             "&& echo written > ~/note")
+        want = ok(srv, "exec", sid, "cat ~/late.sha").split()[0]
+        ok(srv, "stop", sid, "--wait")
+        ok(srv, "node", "cordon", home.node_name)
+        try:
+            ok(srv, "resume", sid, "--wait")
+        finally:
+            ok(srv, "node", "uncordon", home.node_name)
+        assert info(srv, sid)["node"] == other.node_name
+        assert ok(srv, "exec", sid, "cat ~/note").strip() == "written"
+        assert ok(srv, "exec", sid, "sha256sum ~/late.bin").split()[0] == want
+    finally:
+        holder_ns.kill()
+        holder_ns.wait()
     ok(srv, "delete", sid, "--wait")
