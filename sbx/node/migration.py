@@ -89,6 +89,18 @@ def _answer(resp: httpx.Response, step: str) -> Any:
     return resp.json() if resp.content else None
 
 
+def page_server(http: httpx.Client, id: str) -> str | None:
+    """``"ADDR:PORT"`` of the page server the destination (``http``: its node API with the move's ticket) opened
+    for the memory pages of sandbox ``id`` (``POST .../pages``), None when it has none (a node of an earlier version
+    answers 404): the pages then go in the memory stream after the dump. Raises ``_Step`` (another error answer),
+    ``httpx.HTTPError``."""
+    resp = http.post(f"/v1/node/migrate/{id}/pages")
+    if resp.status_code == 404:
+        return None
+    got = _answer(resp, "page server")
+    return f"{got['address']}:{got['port']}"
+
+
 def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
     """Destroy every connected TCP socket in the network namespace of ``init_pid`` (``ss -K``; the kernel's
     ``SOCK_DESTROY``): the peer of each gets a reset at once, the sandbox's end reads ``ECONNABORTED`` or EOF.
@@ -172,7 +184,7 @@ class MigrationMixin(IncomingMixin):
             self._freeze_clone(id, pre)
             base = delta.export_delta(pre, None if full else self.image, work / "base.delta")
             self._send(http, id, "base", [base.path])
-            page_server = self._page_server(http, id)
+            pages_to = page_server(http, id)
         except (StorageError, OSError, httpx.HTTPError, _Step) as e:
             raise NodeError("migration_failed", f"pre-copy: {e}") from e
         figures.update(precopyS=time.monotonic() - t0, baseBytes=base.file_bytes, fullDisk=full)
@@ -195,7 +207,7 @@ class MigrationMixin(IncomingMixin):
             figures["finalDiskS"] = time.monotonic() - t_pause
             mem = work / "memory"
             self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True,
-                                    page_server=page_server)
+                                    page_server=pages_to)
             (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id)}))
             figures["dumpS"] = time.monotonic() - t_pause
             step = "send"
@@ -207,7 +219,7 @@ class MigrationMixin(IncomingMixin):
             step = "restore"
             restored = _answer(http.post(f"/v1/node/migrate/{id}/restore"), "restore") or {}
             figures.update(restoreS=restored.get("restoreS"), diskS=restored.get("diskS"),
-                           restoredS=time.monotonic() - t_pause, pageServer=page_server is not None)
+                           restoredS=time.monotonic() - t_pause, pageServer=pages_to is not None)
             figures["memoryBytes"] += int(restored.get("pageBytes") or 0)
         except (StorageError, OSError, RuntimeError_, httpx.HTTPError, _Step) as e:
             why = e.detail if isinstance(e, RuntimeError_) else str(e)
@@ -224,16 +236,6 @@ class MigrationMixin(IncomingMixin):
         figures.update(pauseS=(confirmed[0] if confirmed else done) - t_pause,
                        sourceDeleteS=done - confirmed[0] if confirmed else None)
         return figures
-
-    def _page_server(self, http: httpx.Client, id: str) -> str | None:
-        """``"ADDR:PORT"`` of the page server the destination opened for this move's memory pages (``POST
-        .../pages``), None when it has none (a node of an earlier version answers 404): the pages then go in the
-        memory stream after the dump. Raises ``_Step``, ``httpx.HTTPError``."""
-        resp = http.post(f"/v1/node/migrate/{id}/pages")
-        if resp.status_code == 404:
-            return None
-        got = _answer(resp, "page server")
-        return f"{got['address']}:{got['port']}"
 
     def _send(self, http: httpx.Client, id: str, stage: str, files: list[Path]) -> None:
         _answer(http.put(f"/v1/node/migrate/{id}/{stage}", content=filestream.pack(files),

@@ -154,6 +154,7 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
     peer.kill()
     peer.wait(timeout=30)
     assert figures["memoryBytes"] > 128 << 20 and not figures["fullDisk"]
+    assert figures["pageServer"], "the pages did not go through the destination's page server"
     # same process, same memory, same unlinked file at the same offset
     assert holder_check(dst, sid) == before
     assert sh(dst, sid, "sha256sum /root/blob") == blob_sum
