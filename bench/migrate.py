@@ -6,8 +6,8 @@ Two node agents (``sbx node serve``) run in network namespaces of their own, as 
 the image's page cache) a Python process in one sandbox on the first node holds that much random bytes; the sandbox
 is moved back and forth with :func:`sbx.node.migration.migrate`, driven through the node API as a control plane
 would (``sbx node drain`` calls the same function per sandbox). Each set makes ``repeats`` moves rounded up to an
-even number, so the sandbox ends where it started: six with the default ``--repeats 5``, as the anchor's n=6. Per
-move:
+even number, so the sandbox ends where it started: six with the default ``--repeats 5``, as the anchor's n=6; the
+1 GiB set is not capped (a move takes 2–5 s end to end here; the whole figure about 90 s). Per move:
 
 - trigger → usable: from the call until an exec on the destination answered;
 - pause: from the source's freeze (cgroup pause) to the destination running it (its confirmation);
