@@ -27,10 +27,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.slots import slotted
+
+if TYPE_CHECKING:
+    from sbx.node.remote.client import RemoteNode
 
 VENV_BIN = Path(sys.executable).parent
 SBX = str(VENV_BIN / "sbx")
@@ -196,6 +200,9 @@ def _netns(h: NodeHost) -> Iterator[NodeHost]:
         _run(*ns, "addr", "add", f"{h.node_ip}/24", "dev", "eth0")
         _run(*ns, "link", "set", "eth0", "up")
         _run(*ns, "route", "add", "default", "via", h.host_ip)
+        # the host routes between the nodes' veths; on a fresh host no sbx server has turned forwarding on yet
+        # (then node-to-node calls, a migration's transfer, time out)
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
         yield h
     finally:
         if h.proc is not None and h.proc.poll() is None:
@@ -213,3 +220,15 @@ def _cleanup_node(h: NodeHost) -> None:
                              state_dir=h.state)
     if not any((settings.node_dir / "sandboxes").glob("*")):
         shutil.rmtree(settings.node_dir, ignore_errors=True)
+
+
+def exec_out(node: RemoteNode, sid: str, command: str, timeout: float = 120) -> tuple[int | None, str]:
+    """Run ``command`` as root in sandbox ``sid`` through the node API of ``node``: ``(exit code, stdout)`` (code
+    None when the stream ended without an exit event)."""
+    out, code = b"", None
+    for ev in node.exec(sid, command, user="root", timeout=timeout):
+        if ev.kind == "stdout":
+            out += ev.data
+        elif ev.kind == "exit":
+            code = ev.exit_code
+    return code, out.decode()

@@ -26,6 +26,7 @@ from sbx.node import cgdelegate, cgroup, egress, guestfs, hookd, lxcfs, network,
 from sbx.node.egressproxy import CA_BUNDLE_GUEST_PATH, CA_ENV, CA_GUEST_PATH, EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
+from sbx.runtime.pageserver import PageReceiver
 from sbx.runtime.runc import RuncRuntime, remove_tree
 from sbx.storage import disk as disks
 from sbx.storage import mounts
@@ -65,6 +66,7 @@ class NodeBase:
         self._fingerprint: dict[str, str] | None = None  # this host's CRIU fingerprint, measured on first use
         self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
         self._cpu_samples: dict[str, tuple[float, int]] = {}
+        self._page_receivers: dict[str, PageReceiver] = {}  # arrivals' page servers (sbx.node.migration_in)
         self._cpu_percent: dict[str, float] = {}
         # the exec channel (sbx.node.execjobs): open agent connections, sandboxes being stopped, misbehaving agents
         self._channel_socks: dict[str, set[Any]] = {}
@@ -302,6 +304,8 @@ class NodeBase:
                 log.warning("%s: its disk's loop device is still attached %.0f s after the unmount", sid, wait)
                 break
             time.sleep(0.05)
+        if wait and mounts.loop_devices_for(self._disk(sid)):
+            log.warning("%s: a loop device still holds its disk %.0f s after the unmount", sid, wait)
 
     def _cleanup_container(self, sid: str, wait: float = 15.0) -> None:
         """Delete the container and wait until its cgroup holds no process, then remove its veth and cgroups."""

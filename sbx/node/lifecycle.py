@@ -180,7 +180,10 @@ class LifecycleMixin(NodeBase):
                 self.runtime.kill(id, signal.SIGKILL)
             self._cleanup_container(id)
             self.set_egress_proxy(id, False)
-            self._umount(id)
+            # no wait for the loop device to let go: the disk file is removed next, and one that detaches late
+            # holds only the unlinked file (seen after a live migration's source delete at 1 GiB: the loop device
+            # stayed past the 15 s wait in one move of three, which the caller then waited out)
+            self._umount(id, wait=0.0)
             shutil.rmtree(self._bundle(id), ignore_errors=True)
             shutil.rmtree(self._dir(id), ignore_errors=True)
 

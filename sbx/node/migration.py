@@ -9,19 +9,23 @@ The steps (the destination's side is :mod:`sbx.node.migration_in`):
    ticket); data goes straight from node to node, never through the caller:
    - pre-copy, while the sandbox runs: its disk is reflinked under ``fsfreeze`` and sent as a delta against the
      base image (when both nodes hold the same one; else in full);
+   - the destination opens a page server for this move (``POST .../pages``, :mod:`sbx.runtime.pageserver`: one
+     connection, from this node's address only);
    - freeze: the container is paused (cgroup freezer; from here on no task of it runs), its established TCP
      connections are destroyed (``SOCK_DESTROY`` through ``ss -K``: each peer gets a reset at once), the disk is
      reflinked again and sent as a delta against the pre-copy, and the memory dumped with ``runc checkpoint
-     --leave-running`` (the container stays paused) and streamed to the destination;
+     --leave-running --page-server`` (the container stays paused): the pages go to the destination's page server
+     while CRIU dumps them, the other images are streamed afterwards;
    - the destination restores and pauses the copy; the source marks itself ``handover`` and tells it to go on;
      once the destination confirms, the source deletes its copy.
 3. any failure before the confirmation: the destination's arrival is aborted (best effort; a destination that
    is down removes it at its next start), the source's container is unpaused and the sandbox runs on with its
    processes; ``migrate_out`` raises ``NodeError("migration_failed")`` saying which step failed and why.
 
-Memory is sent as one plain dump (not lazy pages, not pre-dumps): this kernel has no soft-dirty tracking, so
-CRIU's iterative pre-dump is impossible, and at 128 MiB the dump, transfer and restore together take about a
-second; ``docs/migration.md`` has the figures.
+Memory is sent in one dump, its pages straight to the destination as CRIU reads them (a destination without
+``POST .../pages``, an earlier version, answers 404: then the pages are streamed with the other images after the
+dump). Not pre-dumps: this kernel has no soft-dirty tracking, so CRIU's iterative pre-dump is impossible; not
+lazy pages: the restore waits for every page. ``docs/migration.md`` has the figures.
 
 The one uncertain moment is a confirmation whose answer is lost: the source then asks the destination where the
 sandbox stands (``running`` there: the source deletes its copy; still ``incoming`` or gone: the source takes it
@@ -85,6 +89,18 @@ def _answer(resp: httpx.Response, step: str) -> Any:
     return resp.json() if resp.content else None
 
 
+def page_server(http: httpx.Client, id: str) -> str | None:
+    """``"ADDR:PORT"`` of the page server the destination (``http``: its node API with the move's ticket) opened
+    for the memory pages of sandbox ``id`` (``POST .../pages``), None when it has none (a node of an earlier version
+    answers 404): the pages then go in the memory stream after the dump. Raises ``_Step`` (another error answer),
+    ``httpx.HTTPError``."""
+    resp = http.post(f"/v1/node/migrate/{id}/pages")
+    if resp.status_code == 404:
+        return None
+    got = _answer(resp, "page server")
+    return f"{got['address']}:{got['port']}"
+
+
 def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
     """Destroy every connected TCP socket in the network namespace of ``init_pid`` (``ss -K``; the kernel's
     ``SOCK_DESTROY``): the peer of each gets a reset at once, the sandbox's end reads ``ECONNABORTED`` or EOF.
@@ -133,9 +149,12 @@ class MigrationMixin(IncomingMixin):
         """Move the running sandbox ``id`` to the node at ``target`` (its API URL), which prepared for it and gave
         ``ticket`` and its base image's ``{"name", "sha256"}`` (``migrate_prepare``). See the module docstring.
 
-        Returns figures: ``{"precopyS", "pauseS" (pause to the destination's confirmation), "dumpS" (pause to the
-        disk delta and memory image made), "freezeToSentS" (pause to everything sent),
-        "restoreS", "baseBytes", "finalBytes", "memoryBytes", "resetConnections", "resetSockets" (as ``ss`` printed
+        Returns figures: ``{"precopyS", "pauseS" (pause to the destination's confirmation: it runs there),
+        "finalDiskS" (pause to the disk's last delta made), "dumpS" (pause to the disk delta and memory image made;
+        with a page server the pages are sent meanwhile), "freezeToSentS" (pause to everything sent),
+        "restoredS" (pause to the destination's restore answered), "diskS" and "restoreS" (the destination's disk
+        rebuild and its ``runc restore``), "sourceDeleteS" (the confirmation to this node's copy deleted, after the
+        pause), "baseBytes", "finalBytes", "memoryBytes", "resetConnections", "resetSockets" (as ``ss`` printed
         them), "fullDisk"}`` (seconds, bytes).
         Afterwards the sandbox is gone from this node.
 
@@ -165,6 +184,7 @@ class MigrationMixin(IncomingMixin):
             self._freeze_clone(id, pre)
             base = delta.export_delta(pre, None if full else self.image, work / "base.delta")
             self._send(http, id, "base", [base.path])
+            pages_to = page_server(http, id)
         except (StorageError, OSError, httpx.HTTPError, _Step) as e:
             raise NodeError("migration_failed", f"pre-copy: {e}") from e
         figures.update(precopyS=time.monotonic() - t0, baseBytes=base.file_bytes, fullDisk=full)
@@ -184,8 +204,10 @@ class MigrationMixin(IncomingMixin):
             step = "dump"
             self._freeze_clone(id, work / "final.ext4")
             final = delta.export_delta(work / "final.ext4", pre, work / "final.delta")
+            figures["finalDiskS"] = time.monotonic() - t_pause
             mem = work / "memory"
-            self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True)
+            self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True,
+                                    page_server=pages_to)
             (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id)}))
             figures["dumpS"] = time.monotonic() - t_pause
             step = "send"
@@ -195,19 +217,24 @@ class MigrationMixin(IncomingMixin):
             figures.update(finalBytes=final.file_bytes, memoryBytes=sum(p.stat().st_size for p in files),
                            freezeToSentS=time.monotonic() - t_pause)
             step = "restore"
-            figures["restoreS"] = (_answer(http.post(f"/v1/node/migrate/{id}/restore"), "restore") or {}).get(
-                "restoreS")
+            restored = _answer(http.post(f"/v1/node/migrate/{id}/restore"), "restore") or {}
+            figures.update(restoreS=restored.get("restoreS"), diskS=restored.get("diskS"),
+                           restoredS=time.monotonic() - t_pause, pageServer=pages_to is not None)
+            figures["memoryBytes"] += int(restored.get("pageBytes") or 0)
         except (StorageError, OSError, RuntimeError_, httpx.HTTPError, _Step) as e:
             why = e.detail if isinstance(e, RuntimeError_) else str(e)
             log.warning("%s: migration to %s failed (%s), the sandbox runs on here", id, target, why)
             self._take_back(id, http)
             raise NodeError("migration_failed", f"{step}: {why}") from e
         self._set_phase(id, HANDOVER, migratingTo=target, migrationTicket=ticket)
-        if not self._hand_over(id, http):
+        confirmed: list[float] = []
+        if not self._hand_over(id, http, on_confirmed=lambda: confirmed.append(time.monotonic())):
             raise NodeError("migration_unconfirmed",
                             f"the destination {target} restored sandbox {id} but can't be asked whether it took "
                             "over; it stays paused here until the destination answers")
-        figures["pauseS"] = time.monotonic() - t_pause
+        done = time.monotonic()
+        figures.update(pauseS=(confirmed[0] if confirmed else done) - t_pause,
+                       sourceDeleteS=done - confirmed[0] if confirmed else None)
         return figures
 
     def _send(self, http: httpx.Client, id: str, stage: str, files: list[Path]) -> None:
@@ -234,16 +261,20 @@ class MigrationMixin(IncomingMixin):
         self._save(id, rec)
         self._set_phase(id, "running")
 
-    def _hand_over(self, id: str, http: httpx.Client, wait: float = 15.0) -> bool:
+    def _hand_over(self, id: str, http: httpx.Client, wait: float = 15.0,
+                   on_confirmed: Callable[[], None] | None = None) -> bool:
         """Tell the destination to go on and settle who runs the sandbox: True when the destination took over
         (this node's copy is deleted), False when it can't be asked (the copy stays paused, phase ``handover``).
-        A destination that says it did not take over gets the sandbox back here (``migration_failed``)."""
+        A destination that says it did not take over gets the sandbox back here (``migration_failed``).
+        ``on_confirmed`` is called once the destination said it runs the sandbox, before this node's copy goes."""
+        confirmed = on_confirmed or (lambda: None)
         deadline = time.monotonic() + wait
         sent = False
         while True:
             try:
                 if not sent:
                     _answer(http.post(f"/v1/node/migrate/{id}/confirm"), "confirm")
+                    confirmed()
                     self.delete(id)
                     return True
                 state = (_answer(http.get(f"/v1/node/migrate/{id}"), "state") or {}).get("state")
@@ -257,6 +288,7 @@ class MigrationMixin(IncomingMixin):
                 log.warning("%s: confirmation to the destination is uncertain: %s", id, e)
                 sent, state = True, None
             if state == "running":
+                confirmed()
                 self.delete(id)
                 return True
             if state is not None:

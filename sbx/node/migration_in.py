@@ -39,6 +39,7 @@ from sbx.node.remote.filestream import Unpacker
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime import criu, criuimages
 from sbx.runtime.base import RuntimeError_
+from sbx.runtime.pageserver import PageReceiver
 from sbx.runtime.runc import remove_tree
 from sbx.storage import delta, fiemap
 from sbx.storage import disk as disks
@@ -48,6 +49,8 @@ log = logging.getLogger("sbx.node")
 
 STAGES = ("base", "final", "memory")
 INCOMING = "incoming"
+PAGES_TIMEOUT = 300.0
+"""Seconds the restore waits for the page server to have received the whole dump."""
 TEST_HOLD_MIGRATION_ENV = "SBX_TEST_HOLD_MIGRATION"
 """Test-only: seconds the destination waits before its restore, with every file received and a marker
 ``<sandbox dir>/migrate-hold`` present, so a fault test can kill the destination agent halfway every time."""
@@ -143,9 +146,54 @@ class IncomingMixin(NodeBase):
         # a folder only root and that group may enter (made so by migrate_restore)
         return Unpacker(folder, mode=0o644 if stage == "memory" else 0o600)
 
+    def migrate_pages(self, id: str, address: str, peer: str) -> dict[str, Any]:
+        """Receive the memory pages of the arrival ``id`` while the source dumps them: a page server
+        (:class:`sbx.runtime.pageserver.PageReceiver`) on ``address`` (where the source reached this node) that
+        takes one connection from ``peer`` (the source's address) and writes into ``incoming/pages``. Returns
+        ``{"address", "port"}`` for the source's ``runc checkpoint --page-server``. Raises ``NodeError``:
+        ``not_incoming``, ``migration_failed`` (it can't listen)."""
+        with self._lock(id):
+            if self._record(id).get("phase") != INCOMING:
+                raise NodeError("not_incoming", f"sandbox {id} is not arriving on this node")
+            self._stop_pages(id)
+            folder = self._dir(id) / "incoming" / "pages"
+            remove_tree(folder)
+            try:
+                rx = PageReceiver(self.runtime.criu, folder, self._dir(id) / "incoming" / "pages-work", address,
+                                  peer)
+            except OSError as e:
+                raise NodeError("migration_failed", f"page server on {address}: {e}") from e
+            self._page_receivers[id] = rx
+            return {"address": rx.address, "port": rx.port}
+
+    def _stop_pages(self, id: str) -> None:
+        rx = self._page_receivers.pop(id, None)
+        if rx is not None:
+            rx.stop()
+
+    def _take_pages(self, id: str, mem: Path) -> int:
+        """When the pages came through a page server: wait for it to be done and move them into ``mem``, readable
+        by the restored tasks as the streamed images are; their bytes (0 without a page server). Raises
+        ``RuntimeError_``."""
+        rx = self._page_receivers.pop(id, None)
+        if rx is None:
+            return 0
+        try:
+            rx.wait(PAGES_TIMEOUT)
+        finally:
+            rx.stop()
+        total = 0
+        for f in rx.folder.iterdir():
+            if f.is_file():
+                f.chmod(0o644)
+                total += f.stat().st_size
+                os.replace(f, mem / f.name)
+        return total
+
     def migrate_restore(self, id: str) -> dict[str, float]:
         """Rebuild the disk from the received deltas, restore the received memory image and pause the restored
-        container (see the module docstring). Returns ``{"diskS", "restoreS"}`` (seconds). Raises
+        container (see the module docstring). Returns ``{"diskS", "restoreS"}`` (seconds) and ``"pageBytes"``
+        (what the page server received; 0 without one). Raises
         ``NodeError("restore_failed")`` with the container removed and the disk unmounted (the record stays
         ``incoming`` until :meth:`migrate_abort` or a reconcile removes it)."""
         with self._lock(id):
@@ -169,6 +217,7 @@ class IncomingMixin(NodeBase):
             disks.test_hold(TEST_HOLD_MIGRATION_ENV, self._dir(id) / "migrate-hold")
             size = self._size_of(rec)
             try:
+                page_bytes = self._take_pages(id, mem)
                 criuimages.retarget(mem, old_base=int(meta["uidBase"]), new_base=self._uid_base(id), hostname=None)
                 criuimages.drop_time_namespace(mem)
                 self._mount(id)
@@ -176,13 +225,14 @@ class IncomingMixin(NodeBase):
                 self.runtime.restore(id, bundle, mem, self._dir(id) / "criu-work")
                 self.runtime.pause(id)
             except (RuntimeError_, NodeError) as e:
+                self._stop_pages(id)
                 self._cleanup_container(id)
                 self._umount(id)
                 self._discard_memory(id)
                 raise NodeError("restore_failed", e.detail if isinstance(e, RuntimeError_) else e.message) from e
             self._discard_memory(id)
             remove_tree(incoming)
-            return {"diskS": t1 - t0, "restoreS": time.monotonic() - t1}
+            return {"diskS": t1 - t0, "restoreS": time.monotonic() - t1, "pageBytes": page_bytes}
 
     def _size_of(self, rec: dict[str, Any]) -> Size:
         try:
@@ -237,6 +287,7 @@ class IncomingMixin(NodeBase):
                 rec = self._record(id)
             except NodeError:
                 return False
+            self._stop_pages(id)
             if rec.get("phase") != INCOMING:
                 return False
             log.warning("%s: removing an arrival that was not confirmed", id)

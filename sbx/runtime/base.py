@@ -38,9 +38,9 @@ class Runtime(Protocol):
         ...
 
     def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0,
-                   leave_running: bool = False) -> None:
+                   leave_running: bool = False, page_server: str | None = None) -> None:
         """Dump the container's processes and memory into ``image_dir`` and stop it (``leave_running``: it goes
-        on)."""
+        on; ``page_server``: ``"ADDR:PORT"`` that receives the memory pages instead of ``image_dir``)."""
         ...
 
     def pause(self, cid: str) -> None:

@@ -104,14 +104,17 @@ class RuncRuntime:
         return p.stdout
 
     def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0,
-                   leave_running: bool = False) -> None:
+                   leave_running: bool = False, page_server: str | None = None) -> None:
         """Dump with ``--tcp-established`` so an open connection (an ssh session, a client of a server inside)
         does not block the stop; the bundle's CRIU config (:data:`CRIU_CONFIG`) restores such connections closed,
         so their processes see a reset while listeners keep answering. ``image_gid``: the sandbox's shifted root
         group; the image directory is made group-owned by it with mode 0750, because restored tasks of a shifted
         map run as that host uid/gid and CRIU opens images from them ("Unable to open tty-info.img: Permission
         denied" otherwise: runtime-facts). ``leave_running``: the container goes on afterwards (``runc checkpoint
-        --leave-running``; a paused container stays paused: CRIU leaves a cgroup frozen that it found frozen)."""
+        --leave-running``; a paused container stays paused: CRIU leaves a cgroup frozen that it found frozen).
+        ``page_server``: ``"ADDR:PORT"`` of a CRIU page server that takes the memory pages as they are dumped
+        (``runc checkpoint --page-server``; :mod:`sbx.runtime.pageserver`); the other images stay in
+        ``image_dir``."""
         for d in (image_dir, work_dir):
             remove_tree(d)
         image_dir.mkdir(mode=0o700, parents=True)
@@ -124,7 +127,7 @@ class RuncRuntime:
             self._run("checkpoint", self.cmd("--criu", str(self.criu), "checkpoint", "--image-path", str(image_dir),
                                              "--work-path", str(work_dir), "--empty-ns", "network",
                                              "--tcp-established", *(["--leave-running"] if leave_running else []),
-                                             cid),
+                                             *(["--page-server", page_server] if page_server else []), cid),
                       timeout=600, env=self._criu_env())
         except RuntimeError_ as e:
             raise RuntimeError_("checkpoint", f"{e.detail}\n{log_tail(work_dir, 'dump.log')}") from e

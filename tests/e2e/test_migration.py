@@ -29,7 +29,7 @@ from sbx.node.migration import migrate
 from sbx.node.remote.client import RemoteNode
 from sbx.node.types import NodeError, SandboxSpec
 from tests.e2e.helpers import poll
-from tests.nodenet import NodeHost, node_netns_many
+from tests.nodenet import NodeHost, exec_out, node_netns_many
 
 VOLUME_NODES = Path("/var/lib/sbx/volume/nodes")
 
@@ -98,14 +98,9 @@ def client(h: NodeHost) -> RemoteNode:
 
 
 def sh(node: RemoteNode, sid: str, command: str) -> str:
-    out, code = b"", None
-    for ev in node.exec(sid, command, user="root", timeout=120):
-        if ev.kind == "stdout":
-            out += ev.data
-        elif ev.kind == "exit":
-            code = ev.exit_code
+    code, out = exec_out(node, sid, command)
     assert code == 0, f"{command!r} exited {code}: {out!r}"
-    return out.decode()
+    return out
 
 
 def holder_check(node: RemoteNode, sid: str) -> list[str]:
@@ -159,6 +154,7 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
     peer.kill()
     peer.wait(timeout=30)
     assert figures["memoryBytes"] > 128 << 20 and not figures["fullDisk"]
+    assert figures["pageServer"], "the pages did not go through the destination's page server"
     # same process, same memory, same unlinked file at the same offset
     assert holder_check(dst, sid) == before
     assert sh(dst, sid, "sha256sum /root/blob") == blob_sum

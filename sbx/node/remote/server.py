@@ -14,7 +14,8 @@ has the shapes):
 - ``/v1/node/migrate/<id>/...``: a sandbox arriving from another node (:mod:`sbx.node.migration_in`). These take
   ``Authorization: Bearer <migration ticket>`` instead of the node token: the one-time ticket ``migrate_prepare``
   gave for that sandbox, so the source node sends its files here without knowing this node's token.
-  ``PUT .../base|final|memory`` (a :mod:`sbx.node.remote.filestream` body), ``POST .../restore``, ``POST
+  ``PUT .../base|final|memory`` (a :mod:`sbx.node.remote.filestream` body), ``POST .../pages`` (``{"address",
+  "port"}`` of a page server for the memory dump, for the caller's address only), ``POST .../restore``, ``POST
   .../confirm``, ``POST .../abort``, ``GET ...`` (``{"state"}``). Errors: 401 ``unauthorized`` (no such
   arrival or a wrong ticket), 400 ``bad_stream``, 409 a :class:`sbx.node.types.NodeError`.
 - ``GET /v1/node/relay``: ``{"port": P}`` of the node's port relay (:mod:`sbx.node.remote.relay`; 0: none);
@@ -303,6 +304,19 @@ def _migration_routes(app: FastAPI, node: Any) -> None:
                 return _error(409, e.code, e.message)
             return got if isinstance(got, dict) else {"ok": bool(got) if got is not None else True}
         return run
+
+    @app.post(MIGRATE_PREFIX + "{id}/pages")
+    async def pages(id: str, request: Request) -> Any:
+        """A page server for the memory dump, on the address this request came in at, for its sender only."""
+        if not await run_in_threadpool(ticket_ok, request, id):
+            return refused()
+        local, peer = request.scope.get("server"), request.client
+        if not local or peer is None:
+            return _error(400, "bad_call", "the connection's addresses are unknown")
+        try:
+            return await run_in_threadpool(node.migrate_pages, id, str(local[0]), str(peer.host))
+        except NodeError as e:
+            return _error(409, e.code, e.message)
 
     app.post(MIGRATE_PREFIX + "{id}/restore")(step("migrate_restore"))
     app.post(MIGRATE_PREFIX + "{id}/confirm")(step("migrate_confirm"))

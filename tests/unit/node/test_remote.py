@@ -176,7 +176,7 @@ def test_migration_routes_take_only_a_migration_ticket(served: tuple[FakeNode, R
         with httpx.Client(base_url=remote.url, headers=headers) as c:
             r = c.put(f"/v1/node/migrate/{SPEC.id}/memory", content=b"SBXFILES")
             assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
-            for step in ("restore", "confirm", "abort"):
+            for step in ("pages", "restore", "confirm", "abort"):
                 assert c.post(f"/v1/node/migrate/{SPEC.id}/{step}").status_code == 401
             assert c.get(f"/v1/node/migrate/{SPEC.id}").status_code == 401
             assert c.get("/v1/node/migrate/..%2F..%2Fetc").status_code in (401, 404)
