@@ -290,22 +290,23 @@ class NodeBase:
         and wait until no loop device holds the image any more, so the next e2fsck/resize2fs/reflink sees a quiet
         file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
         unmount, and the loop device then detaches lazily). Copies of the mount that other mount namespaces still
-        hold after 0.5 s are unmounted there (:func:`sbx.node.rootfs.release_holders`)."""
+        hold after 0.5 s (at once with ``wait`` 0, a delete's: it doesn't wait for the loop device) are unmounted
+        there (:func:`sbx.node.rootfs.release_holders`)."""
         rootfs.umount_root(self._disk(sid), self._rootfs(sid))
         start = time.monotonic()
         released = False
         while mounts.loop_devices_for(self._disk(sid)):
-            now = time.monotonic()
-            if not released and now - start > 0.5:  # another mount namespace holds a copy of the mount
+            waited = time.monotonic() - start
+            if not released and (waited > 0.5 or waited >= wait):  # another mount namespace holds a copy
                 released = True
                 for held in rootfs.release_holders(self._disk(sid)):
                     log.warning("%s: unmounted the copy of its disk that process %s held", sid, held)
-            if now - start > wait:
-                log.warning("%s: its disk's loop device is still attached %.0f s after the unmount", sid, wait)
+                continue
+            if waited >= wait:
+                if wait:
+                    log.warning("%s: a loop device still holds its disk %.0f s after the unmount", sid, wait)
                 break
             time.sleep(0.05)
-        if wait and mounts.loop_devices_for(self._disk(sid)):
-            log.warning("%s: a loop device still holds its disk %.0f s after the unmount", sid, wait)
 
     def _cleanup_container(self, sid: str, wait: float = 15.0) -> None:
         """Delete the container and wait until its cgroup holds no process, then remove its veth and cgroups."""
