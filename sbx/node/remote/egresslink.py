@@ -5,7 +5,8 @@ in process. A node agent (``sbx node serve``) can't call its servers (it knows n
 replica may come and go), so the questions travel the other way round, over the node API and its token:
 
 - the node's proxy hands each question to :meth:`EgressLink.ask` (``(sandbox id, question)``, the sandbox id
-  from the proxy's own address map), which queues it and waits up to :data:`ANSWER_SECONDS` for an answer;
+  from the proxy's own address map), which queues it and waits up to :data:`ANSWER_SECONDS` for an answer (an
+  audit record, ``op: used``, is queued and answered ``{}`` at once: the response it follows doesn't wait);
 - every server driving the node keeps a :class:`EgressPoller` on ``POST /v1/node/egress/poll`` (body ``{"wait":
   S}``, at most 30 s), which answers at once with the queued questions (``{"boot", "questions": [{"qid",
   "sandbox", "question"}]}``) or with none after ``S`` seconds;
@@ -45,6 +46,8 @@ POLL_WAIT_SECONDS = 10.0
 for both)."""
 BATCH = 64
 """Most questions one poll carries."""
+QUEUE_MAX = 10000
+"""Most questions waiting at once; an audit record (``op: used``, which nobody waits for) beyond it is dropped."""
 
 Handler = Callable[[str, dict[str, Any]], dict[str, Any]]
 
@@ -55,6 +58,7 @@ class _Question:
     question: dict[str, Any]
     done: threading.Event = field(default_factory=threading.Event)
     answer: dict[str, Any] | None = None
+    oneway: bool = False  # "used": nobody waits for the answer
 
 
 class EgressLink:
@@ -76,15 +80,22 @@ class EgressLink:
 
     def ask(self, sandbox_id: str, question: dict[str, Any], timeout: float = ANSWER_SECONDS) -> dict[str, Any]:
         """The proxy's handler: ``question`` of sandbox ``sandbox_id`` answered by a server, or ``{"actions": []}``
-        when none listens or none answers within ``timeout`` seconds."""
+        when none listens or none answers within ``timeout`` seconds. An audit record (``op: used``) is queued
+        for the servers and answered ``{}`` at once."""
         if not self.listening():
             return {"actions": []}
         qid = secrets.token_hex(8)
-        q = _Question(sandbox_id, question)
+        q = _Question(sandbox_id, question, oneway=question.get("op") == "used")
         with self._cond:
+            if q.oneway and len(self._queue) >= QUEUE_MAX:
+                log.warning("egress: %d questions wait for a server: %s's audit record is dropped", QUEUE_MAX,
+                            sandbox_id)
+                return {}
             self._pending[qid] = q
             self._queue.append(qid)
             self._cond.notify_all()
+        if q.oneway:  # the audit record: the response need not wait for the server to store it
+            return {}
         answered = q.done.wait(timeout)
         with self._cond:
             self._pending.pop(qid, None)
@@ -108,8 +119,11 @@ class EgressLink:
             while self._queue and len(out) < BATCH:
                 qid = self._queue.popleft()
                 q = self._pending.get(qid)
-                if q is not None:
-                    out.append({"qid": qid, "sandbox": q.sandbox, "question": q.question})
+                if q is None:
+                    continue
+                if q.oneway:  # nobody waits for its answer: handed out, it is done here
+                    del self._pending[qid]
+                out.append({"qid": qid, "sandbox": q.sandbox, "question": q.question})
             return {"boot": self.boot, "questions": out}
 
     def answer(self, qid: str, answer: dict[str, Any]) -> bool:

@@ -110,3 +110,16 @@ def test_a_node_without_the_route_or_a_proxy_is_not_ready(tmp_path: Path) -> Non
         assert e.value.code == "node_unreachable"
     finally:
         remote.close()
+
+
+def test_an_audit_record_does_not_wait_for_the_server() -> None:
+    link = EgressLink()
+    link.poll(0)
+    used = {"op": "used", "client": "10.0.0.7", "secrets": ["tok"], "host": "api.example.com", "method": "GET",
+            "path": "/", "status": 200}
+    started = time.monotonic()
+    assert link.ask("sb_a", dict(used)) == {}
+    assert time.monotonic() - started < 0.2
+    batch = link.poll(0)["questions"]
+    assert [(q["sandbox"], q["question"]["op"]) for q in batch] == [("sb_a", "used")]
+    assert link.poll(0)["questions"] == [] and link.answer(batch[0]["qid"], {}) is False
