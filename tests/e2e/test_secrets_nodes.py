@@ -74,6 +74,8 @@ def test_a_sandbox_on_a_node_agent_gets_its_secret_there_and_after_each_move(
     token = "tok-nodes-" + str(time.time_ns())
     remote.accept(token)
     _set_secret(srv, "apitok", token, "--host", API_HOST)
+    listed = {n["name"]: n["egress"] for n in json.loads(ok(srv, "node", "list", "--json"))["nodes"]}
+    assert listed == {n12.node_name: True, n13.node_name: True}, listed  # the heartbeat says each runs a proxy
     ok(srv, "node", "cordon", n13.node_name)
     sid = ok(srv, "new", "--type", "small", "--secret", "apitok").strip()
     assert info(srv, sid)["node"] == n12.node_name
