@@ -10,7 +10,8 @@ replica may come and go), so the questions travel the other way round, over the 
 - every server driving the node keeps a :class:`EgressPoller` on ``POST /v1/node/egress/poll`` (body ``{"wait":
   S}``, at most 30 s), which answers at once with the queued questions (``{"boot", "questions": [{"qid",
   "sandbox", "question"}]}``) or with none after ``S`` seconds;
-- the server answers each with ``POST /v1/node/egress/answer`` (``{"answers": [{"qid", "answer"}]}``).
+- the server answers them in its next poll's body (``{"wait", "answers": [{"qid", "answer"}]}``: one request per
+  batch, not two), or with ``POST /v1/node/egress/answer`` (``{"answers": [...]}``).
 
 Nothing waits when no server polls: with no poll seen for :data:`POLL_FRESH_SECONDS`, and for a question nobody
 answers within :data:`ANSWER_SECONDS`, the request passes without secrets (``{"actions": []}``), as on an
@@ -141,8 +142,16 @@ def egress_routes(app: FastAPI, link: EgressLink) -> None:
     """``POST /v1/node/egress/poll`` and ``POST /v1/node/egress/answer`` on the node API (its middleware checks the
     node token)."""
 
+    def take(answers: Any) -> int:
+        taken = 0
+        for item in answers if isinstance(answers, list) else []:
+            if isinstance(item, dict) and link.answer(str(item.get("qid", "")), item.get("answer")):  # type: ignore[arg-type]
+                taken += 1
+        return taken
+
     @app.post("/v1/node/egress/poll")
     def poll(body: dict[str, Any]) -> dict[str, Any]:
+        take(body.get("answers"))  # the answers to the previous batch ride on the next poll
         try:
             wait = float(body.get("wait", POLL_WAIT_SECONDS))
         except (TypeError, ValueError):
@@ -151,11 +160,7 @@ def egress_routes(app: FastAPI, link: EgressLink) -> None:
 
     @app.post("/v1/node/egress/answer")
     def answer(body: dict[str, Any]) -> dict[str, Any]:
-        taken = 0
-        for item in body.get("answers") or []:
-            if isinstance(item, dict) and link.answer(str(item.get("qid", "")), item.get("answer")):  # type: ignore[arg-type]
-                taken += 1
-        return {"taken": taken}
+        return {"taken": take(body.get("answers"))}
 
 
 class EgressPoller:
@@ -206,21 +211,21 @@ class EgressPoller:
             return {"actions": [], "error": str(e)[:200]}
 
     def _loop(self) -> None:
+        answers: list[dict[str, Any]] = []  # for the last batch: sent with the next poll (one request, not two)
         while self._running.is_set():
             try:
                 wait = POLL_WAIT_SECONDS if self._boot else 0.0  # the first answers at once: on_link runs
-                resp = self._http.post("/v1/node/egress/poll", json={"wait": wait},
+                resp = self._http.post("/v1/node/egress/poll", json={"wait": wait, "answers": answers},
                                        timeout=httpx.Timeout(POLL_WAIT_SECONDS + 10, connect=5.0))
                 if resp.status_code != 200:
                     raise httpx.HTTPError(f"poll answered {resp.status_code}")
+                answers = []
                 data = resp.json()
                 self._linked(str(data.get("boot", "")))
                 questions = (data.get("questions") or [])[:BATCH]  # a node is not trusted to keep to its batch
-                if not questions:
-                    continue
                 answers = [{"qid": q["qid"], "answer": self._answer(q)} for q in questions]
-                self._http.post("/v1/node/egress/answer", json={"answers": answers}, timeout=10.0)
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+                answers = []
                 if self._running.is_set():
                     log.debug("egress poll: %s", e)
                     time.sleep(1.0)
