@@ -105,9 +105,17 @@ def test_a_sandbox_on_a_node_agent_gets_its_secret_there_and_after_each_move(
     assert (view["state"], view["node"], view["memoryRestored"]) == ("running", n12.node_name, True), view
     _injected(srv, sid)
     _trusts(srv, sid, n12, [n13])
+    # node 12's agent killed and started again (its sandboxes keep running; its proxy's redirect set starts empty):
+    # the server reaches the new agent process over the link and tells it again which sandboxes go through its proxy
+    n12.kill()
+    n12.start()
+    poll(lambda: _curl(srv, sid, f"https://{API_HOST}/again", "-H", HDR)[0] == 200, "injection after the agent's "
+         "restart", timeout=60)
+    _injected(srv, sid)
+
     # every injected request is in the audit (its record reaches the server just after the response)
     uses = poll(lambda: (u := json.loads(ok(srv, "secret", "log", "apitok", "--json"))["uses"]) and
-                len(u) >= 3 + TIMED and u, "the audit of every request", timeout=20)
+                len(u) >= 5 + TIMED and u, "the audit of every request", timeout=20)
     assert {u["sandbox"] for u in uses} == {sid} and {u["status"] for u in uses} == {200}
     ok(srv, "node", "uncordon", n13.node_name)
 
