@@ -509,6 +509,36 @@ def make_api(tmp_path: Path, **kw) -> Iterator[Api]:  # type: ignore[no-untyped-
 
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def served_node(node: FakeNode, token: str, name: str = "fake") -> Iterator[str]:
+    """The node API (:func:`sbx.node.remote.server.create_node_app`) around ``node`` with ``token``, served by
+    uvicorn on a free local port in a thread; yields its URL and stops the server afterwards."""
+    import uvicorn
+
+    from sbx.node.remote.server import create_node_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_node_app(node, token, name), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, timeout=30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @contextmanager
 def two_node_plane(tmp_path: Path) -> Iterator[tuple[Any, FakeNode, FakeNode]]:
     """A started :class:`sbx.control.service.ControlPlane` driving two fake nodes: its embedded ``fake`` (a 4 GiB

@@ -110,7 +110,8 @@ class Node(_Out):
     when no new sandbox may go there; ``capacity``, ``load`` and the memory-image ``fingerprint`` are from its last
     answered heartbeat (``lastSeen``); ``sandboxes`` counts the sandboxes it holds. ``removable``: an added node
     that is cordoned and holds no sandbox (``sbx node remove`` takes it); ``consolidatedAt``: when consolidation
-    emptied it (null otherwise; an uncordon clears it)."""
+    emptied it (null otherwise; an uncordon clears it); ``egress``: it runs an egress proxy, so secrets can be bound
+    to its sandboxes (from its last heartbeat)."""
 
     name: str
     url: str
@@ -124,6 +125,7 @@ class Node(_Out):
     capacity: NodeCapacity
     load: NodeLoad
     fingerprint: dict[str, str]
+    egress: bool = False
 
 
 class NodeOut(_Out):

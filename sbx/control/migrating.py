@@ -123,12 +123,7 @@ class MigrateOps(MoveOps):
         """The destination runs it: commit the node column, re-apply per-node settings, back to ``running``."""
         self.store.update_sandbox(sandbox_id, node=dst)  # the commit point
         self._unreserve(sandbox_id)  # the row counts against the destination now
-        try:
-            if self.secrets._has_bindings(sandbox_id):
-                self.secrets._sync_node(sandbox_id)
-        except ControlError as e:  # the sandbox runs; its secrets' proxy binding is what failed
-            log.warning("%s moved to %s but its egress-proxy binding could not be set there: %s", sandbox_id, dst,
-                        e.message)
+        self.secrets.nodes.reapply(sandbox_id)  # the sandbox runs; a failed proxy binding is only logged
         self.activity.touch(sandbox_id)
         self.migration_figures[sandbox_id] = figures
         pause, total = figures.get("pauseS"), figures.get("totalS")

@@ -106,6 +106,7 @@ class MoveOps(PlaneBase):
             info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)  # clears stale copies
         self.store.update_sandbox(sandbox_id, node=dst)
         self.replicas.forget(sandbox_id)
+        self.secrets.nodes.reapply(sandbox_id)  # before its resume there: the boot applies the redirect
         log.info("moved %s from %s to %s: %d bytes in %d files (%s disk delta, memory %s) in %.2f s", sandbox_id,
                  src, dst, info["bytes"], info["files"], info["delta"], info["memory"], info["seconds"])
         self.add_event(sandbox_id, {"event": "moved", "id": sandbox_id, "from": src, "to": dst,

@@ -9,7 +9,8 @@ drops one that was removed.
 
 The router is itself a :class:`sbx.node.types.NodeAgent`: each per-sandbox call goes to the node named in the
 sandbox's ``node`` column (a row without one belongs to the configured node); calls about the whole node
-(``info``, the egress proxy) go to the configured node; ``snapshots`` is the union of every reachable node's;
+(``info``) go to the configured node; every node's egress proxy is answered (:meth:`NodeRouter.serve_egress_nodes`,
+the rule of :mod:`sbx.control.secretnodes`); ``snapshots`` is the union of every reachable node's;
 ``reconcile`` asks each node about its own sandboxes. Which node a new sandbox goes to is
 :mod:`sbx.control.placement`'s decision, written into the row before the node is called.
 """
@@ -42,6 +43,8 @@ from sbx.node.types import (
 
 log = logging.getLogger("sbx.control")
 
+EgressHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
+
 
 def _aad(name: str) -> bytes:
     return f"node/{name}".encode()
@@ -63,6 +66,7 @@ class NodeRouter:
         self._attached: dict[str, tuple[str, NodeAgent]] = {}  # name -> (url, agent): see attach()
         self._guard = threading.Lock()
         self._on_exit: Callable[[str, str, str | None], None] | None = None
+        self._egress: tuple[Callable[[str | None], EgressHandler], Callable[[str | None], Any]] | None = None
 
     # --- which node --------------------------------------------------------------------------------------------
     def agents(self) -> dict[str, tuple[str, NodeAgent]]:
@@ -133,6 +137,7 @@ class NodeRouter:
             old[2].close()
         if self._on_exit is not None:
             client.watch(self._on_exit)
+        self._serve_egress(info.name, client)
         return info.name, info
 
     def attach(self, name: str, url: str, agent: NodeAgent) -> None:
@@ -142,6 +147,7 @@ class NodeRouter:
             self._attached[name] = (url, agent)
         if self._on_exit is not None:
             agent.watch(self._on_exit)
+        self._serve_egress(name, agent)
 
     def store_token(self, name: str) -> str:
         """The sealed token stored for node ``name`` ("" when none)."""
@@ -162,7 +168,7 @@ class NodeRouter:
         """Open a client for each added node in the store this router lacks (or whose url or token changed) and
         drop the ones no longer there."""
         rows = {r.name: r for r in self.store.list_nodes() if r.token and r.name != self.default_name}
-        opened: list[RemoteNode] = []
+        opened: list[tuple[str, RemoteNode]] = []
         closed: list[RemoteNode] = []
         with self._guard:
             for name in list(self._added):
@@ -181,13 +187,14 @@ class NodeRouter:
                 if have is not None:
                     closed.append(have[2])
                 self._added[name] = (row.url, row.token or "", client)
-                opened.append(client)
+                opened.append((name, client))
         for c in closed:
             c.unwatch()
             c.close()
-        if self._on_exit is not None:
-            for c in opened:
+        for name, c in opened:
+            if self._on_exit is not None:
                 c.watch(self._on_exit)
+            self._serve_egress(name, c)
 
     # --- NodeAgent: per sandbox --------------------------------------------------------------------------------
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
@@ -288,11 +295,31 @@ class NodeRouter:
     def egress_ready(self) -> bool:
         return self.default.egress_ready()
 
-    def serve_egress(self, handler: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+    def serve_egress(self, handler: EgressHandler) -> None:
         self.default.serve_egress(handler)
 
+    def serve_egress_nodes(self, handler_for: Callable[[str | None], EgressHandler],
+                           on_link: Callable[[str | None], Any]) -> None:
+        """Answer every node's egress proxy, now and for nodes added later: node N's questions go to
+        ``handler_for(N)`` (None for the configured node, whose name may still change at its first heartbeat);
+        ``on_link(N)`` runs when a server reaches a remote node's process anew (:mod:`sbx.node.remote.egresslink`)."""
+        self._egress = (handler_for, on_link)
+        for name, (_url, agent) in self.agents().items():
+            self._serve_egress(None if agent is self.default else name, agent)
+
+    def _serve_egress(self, name: str | None, agent: NodeAgent) -> None:
+        if self._egress is None:
+            return
+        handler_for, on_link = self._egress
+        if isinstance(agent, RemoteNode):
+            agent.serve_egress(handler_for(name), on_link=lambda: on_link(name))
+        else:
+            agent.serve_egress(handler_for(name))
+
     def close_egress(self) -> None:
-        self.default.close_egress()
+        self._egress = None
+        for _url, agent in self.agents().values():
+            agent.close_egress()
 
     def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
         self._on_exit = on_exit

@@ -134,7 +134,7 @@ class NodeRegistry:
     def view(self, row: NodeRow) -> dict[str, Any]:
         """The API shape of a node: ``{"name","url","status","cordoned","removable","consolidatedAt","lastSeen",
         "registeredAt","sandboxes","capacity": {"memoryMiB","diskFreeBytes","vcpus"}, "load": {"load1","running"},
-        "fingerprint": {...}}`` (``sandboxes``: how many not-deleted sandboxes it holds, by the store;
+        "fingerprint": {...}, "egress"}`` (``sandboxes``: how many not-deleted sandboxes it holds, by the store;
         ``removable``: an added node that is cordoned and holds none, so ``sbx node remove`` takes it;
         ``consolidatedAt``: when consolidation emptied it, :mod:`sbx.control.consolidate`)."""
         info = row.info or {}
@@ -153,6 +153,7 @@ class NodeRegistry:
                          "diskFreeBytes": int(info.get("disk_free_bytes", 0)), "vcpus": int(info.get("vcpus", 0))},
             "load": {"load1": float(info.get("load1", 0.0)), "running": int(info.get("running", 0))},
             "fingerprint": {str(k): str(v) for k, v in (info.get("fingerprint") or {}).items()},
+            "egress": bool(info.get("egress", False)),
         }
 
     def views(self) -> list[dict[str, Any]]:

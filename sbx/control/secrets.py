@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import ipaddress
 import os
-import re
 import secrets as _random
 import threading
 from pathlib import Path
@@ -37,20 +35,21 @@ from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sbx.control.errors import ControlError, not_found
+from sbx.control.secretnodes import SecretNodes
+from sbx.control.secretrules import (
+    PLACEHOLDER_PREFIX,
+    VALUE_MAX_BYTES,
+    bad_rules,
+    check_name,
+    normalise_rules,
+    rule_matches,
+    utf8,
+)
 from sbx.control.store import Base, iso, utcnow
 from sbx.node.types import NodeError
 
 if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
-
-SECRET_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
-"""Secret names: a letter, then up to 62 letters, digits, ``_`` or ``-``."""
-VALUE_MAX_BYTES = 64 * 1024
-"""Largest secret value, in UTF-8 bytes."""
-PLACEHOLDER_PREFIX = "sbx-secret:"
-"""A sandbox writes ``sbx-secret:NAME`` where the value of secret NAME should go (action ``replace``)."""
-ACTIONS = ("header", "basic", "replace")
-
 
 class SecretRow(Base):
     """A secret: ``ciphertext`` is ``base64(nonce + AES-GCM ciphertext)``; ``rules`` the list of rule dicts
@@ -136,97 +135,6 @@ def unseal(key: bytes, blob: str, aad: bytes) -> str:
     return AESGCM(key).decrypt(raw[:12], raw[12:], aad).decode()
 
 
-def host_matches(pattern: str, host: str) -> bool:
-    """``pattern`` is ``api.example.com`` (that host only) or ``*.example.com`` (any name below example.com, not
-    example.com itself); both sides are compared lowercase, without a trailing dot."""
-    pattern, host = pattern.lower().rstrip("."), host.lower().rstrip(".")
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
-    return host == pattern
-
-
-def rule_matches(rule: dict[str, Any], host: str, method: str, path: str) -> bool:
-    """True when ``rule`` (a :func:`normalise_rules` dict) names this request: a host pattern matches, the path
-    starts with ``path_prefix`` (when set) and the method is listed (when ``methods`` is set)."""
-    if not any(host_matches(p, host) for p in rule["hosts"]):
-        return False
-    if rule.get("path_prefix") and not path.startswith(rule["path_prefix"]):
-        return False
-    methods = rule.get("methods") or []
-    return not methods or method.upper() in methods
-
-
-def _bad_rules(message: str) -> ControlError:
-    return ControlError("invalid_rules", message, 400, field="rules")
-
-
-_HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def normalise_rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Check and normalise rule dicts ``{hosts, path_prefix?, methods?, action, header?, value?, username?}``:
-    host patterns lowercase (exact or ``*.domain``; an IP address, a bare ``*`` or a single label is refused: the
-    proxy checks names against the upstream's certificate), methods uppercase, a
-    ``header`` action needs a header name and a ``value`` holding ``{secret}``, ``basic`` a ``username``.
-    Raises 400 ``invalid_rules`` naming what is wrong."""
-    out = []
-    for i, r in enumerate(rules):
-        if not all(_utf8(str(v)) for v in r.values() if v is not None):
-            raise _bad_rules(f"rule {i}: text that is not valid Unicode (a lone surrogate)")
-        hosts = [str(h).strip().lower().rstrip(".") for h in r.get("hosts") or []]
-        if not hosts:
-            raise _bad_rules(f"rule {i}: name at least one host")
-        for h in hosts:
-            if not _HOST_RE.match(h) or len(h) > 253 or "." not in h.removeprefix("*.") or _is_ip(h):
-                raise _bad_rules(f"rule {i}: {h[:80]!r} is not a host name or *.domain pattern")
-        action = r.get("action") or "replace"
-        if action not in ACTIONS:
-            raise _bad_rules(f"rule {i}: action is one of {', '.join(ACTIONS)}")
-        rule: dict[str, Any] = {"hosts": hosts, "action": action,
-                                "path_prefix": r.get("path_prefix") or None,
-                                "methods": sorted({str(m).upper() for m in r.get("methods") or []})}
-        if rule["path_prefix"] is not None and not str(rule["path_prefix"]).startswith("/"):
-            raise _bad_rules(f"rule {i}: a path prefix starts with '/'")
-        if action == "header":
-            header, value = r.get("header") or "", r.get("value") or ""
-            if not _HEADER_RE.match(header):
-                raise _bad_rules(f"rule {i}: {header[:80]!r} is not a header name")
-            if "{secret}" not in value or any(c in value for c in "\r\n\0"):
-                raise _bad_rules(f"rule {i}: the header value must hold {{secret}} and no line break")
-            rule.update(header=header, value=value)
-        elif action == "basic":
-            username = r.get("username") or ""
-            if not username or ":" in username or any(c in username for c in "\r\n\0"):
-                raise _bad_rules(f"rule {i}: basic auth needs a username without ':'")
-            rule["username"] = username
-        out.append(rule)
-    return out
-
-
-def check_name(name: str) -> None:
-    """Raise 400 ``invalid_name`` unless ``name`` matches :data:`SECRET_NAME_RE`."""
-    if not SECRET_NAME_RE.match(name):
-        raise ControlError("invalid_name", "secret names are a letter then up to 62 letters, digits, '_' or '-'",
-                           400, field="name")
-
-
 class Secrets:
     """Secrets, bindings and their audit for one control plane (``cp``): the store, the key at
     ``<state_dir>/secrets.key``, and the node, which learns which sandboxes to send through its egress proxy
@@ -237,6 +145,7 @@ class Secrets:
         self.store = cp.store
         self._key: bytes | None = None
         self._key_lock = threading.Lock()
+        self.nodes = SecretNodes(self)  # which node may ask about which sandbox; per-node sync
 
     @property
     def key(self) -> bytes:
@@ -277,7 +186,7 @@ class Secrets:
         ``invalid_name`` / ``invalid_value`` (empty, over :data:`VALUE_MAX_BYTES`, NUL) / ``invalid_rules``, 404
         ``not_found`` for a value without rules when the secret does not exist."""
         check_name(name)
-        if not value or not _utf8(value) or len(value.encode()) > VALUE_MAX_BYTES or "\0" in value:
+        if not value or not utf8(value) or len(value.encode()) > VALUE_MAX_BYTES or "\0" in value:
             raise ControlError("invalid_value", f"a secret value is 1 to {VALUE_MAX_BYTES} bytes without NUL", 400,
                                field="value")
         norm = normalise_rules(rules) if rules is not None else None
@@ -289,7 +198,7 @@ class Secrets:
                     raise ControlError("not_found", f"secret {name} not found (a new secret needs rules: --host)",
                                        404)
                 if not norm:
-                    raise _bad_rules("a new secret needs at least one rule naming where it may go (--host)")
+                    raise bad_rules("a new secret needs at least one rule naming where it may go (--host)")
                 row = SecretRow(id="sec_" + _random.token_hex(8), account_id=account_id, name=name, version=1,
                                 rules=norm, created_at=now, updated_at=now,
                                 ciphertext=seal(self.key, value, _aad(account_id, name, 1)))
@@ -321,27 +230,28 @@ class Secrets:
             s.execute(delete(UseRow).where(UseRow.secret_id == row.id))
             s.execute(delete(SecretRow).where(SecretRow.id == row.id))
         for sid in sandboxes:
-            self._sync_node(sid)
+            self.sync_node_of(sid)
 
     # bindings --------------------------------------------------------------------------------------------------
     def names(self, account_id: str, names: list[str]) -> list[SecretRow]:
         """The rows of ``names`` (for create/fork, before anything is made); 404 for the first unknown one, 409
-        ``egress_proxy_unavailable`` when the node has no proxy."""
+        ``egress_proxy_unavailable`` when no node runs a proxy."""
         if names:
-            self._require_proxy()
+            self.nodes.require()
         return [self._row(account_id, n) for n in dict.fromkeys(names)]
 
     def bind(self, account_id: str, sandbox_id: str, name: str) -> list[str]:
         """Let sandbox ``sandbox_id`` use secret ``name`` (idempotent); its outbound HTTP(S) goes through the
-        node's egress proxy from now on. Returns the sandbox's bound secret names. 404 for either."""
+        node's egress proxy from now on. Returns the sandbox's bound secret names. 404 for either, 409
+        ``egress_proxy_unavailable`` when the sandbox's node runs no proxy."""
         self.cp.get(sandbox_id)
         row = self._row(account_id, name)
-        self._require_proxy()
+        self.nodes.require(sandbox_id)
         with self.store.session() as s, s.begin():
             if s.get(BindingRow, (sandbox_id, row.id)) is None:
                 s.add(BindingRow(sandbox_id=sandbox_id, secret_id=row.id, account_id=account_id,
                                  created_at=utcnow()))
-        self._sync_node(sandbox_id)
+        self.sync_node_of(sandbox_id)
         return self.bound(account_id, sandbox_id)
 
     def unbind(self, account_id: str, sandbox_id: str, name: str) -> list[str]:
@@ -355,7 +265,7 @@ class Secrets:
             if found is None:
                 raise not_found(f"binding of secret {name} to {sandbox_id}")
             s.delete(found)
-        self._sync_node(sandbox_id)
+        self.sync_node_of(sandbox_id)
         return self.bound(account_id, sandbox_id)
 
     def bound(self, account_id: str, sandbox_id: str) -> list[str]:
@@ -370,29 +280,24 @@ class Secrets:
         """Drop a deleted sandbox's bindings (its audit stays)."""
         with self.store.session() as s, s.begin():
             s.execute(delete(BindingRow).where(BindingRow.sandbox_id == sandbox_id))
-        self._sync_node(sandbox_id)
+        self.sync_node_of(sandbox_id)
 
-    def _has_bindings(self, sandbox_id: str) -> bool:
+    def has_bindings(self, sandbox_id: str) -> bool:
+        """True when at least one secret is bound to the sandbox."""
         with self.store.session() as s:
             return s.scalar(select(BindingRow.secret_id).where(BindingRow.sandbox_id == sandbox_id)) is not None
 
-    def _sync_node(self, sandbox_id: str) -> None:
+    def sync_node_of(self, sandbox_id: str) -> None:
+        """Tell the sandbox's node (the store's) whether it goes through the egress proxy. Raises 409
+        ``egress_proxy_unavailable`` (that node runs none), 502 for other node errors."""
         try:
-            self.cp.node.set_egress_proxy(sandbox_id, self._has_bindings(sandbox_id))
+            self.cp.node.set_egress_proxy(sandbox_id, self.has_bindings(sandbox_id))
         except NodeError as e:
             raise ControlError(e.code, e.message, 409 if e.code == "egress_proxy_unavailable" else 502) from e
 
-    def _require_proxy(self) -> None:
-        if not self.cp.node.egress_ready():
-            raise ControlError("egress_proxy_unavailable", "this node runs no egress proxy, so secrets can't be "
-                               "bound (SBX_EGRESS_PROXY_PORT=0, or scripts/install.sh was not run)", 409)
-
     def sync_all(self) -> None:
-        """Tell the node every sandbox with a binding (at server start: the node's redirect set starts empty)."""
-        with self.store.session() as s:
-            ids = sorted(set(s.scalars(select(BindingRow.sandbox_id))))
-        for sid in ids:
-            self.cp.node.set_egress_proxy(sid, True)
+        """Tell every node its sandboxes with a binding (:meth:`sbx.control.secretnodes.SecretNodes.sync_all`)."""
+        self.nodes.sync_all()
 
     # the proxy's questions -------------------------------------------------------------------------------------
     def resolve(self, sandbox_id: str, host: str, method: str, path: str) -> list[dict[str, Any]]:

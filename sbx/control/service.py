@@ -94,13 +94,11 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         repaired = self.meter.reconcile()
         if repaired:
             log.info("metering: %d intervals repaired at start", repaired)
-        self.node.serve_egress(self.secrets.handle)
-        try:
-            self.secrets.sync_all()
-        except NodeError as e:
-            log.warning("sandboxes with secrets bound can't use them: %s", e.message)
         self.node.watch(self._on_node_exit)
-        self.registry.start()
+        self.registry.start()  # its first beat learns the configured node's own name, which the store's rows carry
+        # every node's proxy asks through the rule of sbx.control.secretnodes; a node reached anew is re-told
+        self.router.serve_egress_nodes(self.secrets.nodes.handler_for, self.secrets.nodes.sync_node)
+        self.secrets.sync_all()
         self.trimmer.start()
         self.sampler.start()
         self.orphans.start()

@@ -159,18 +159,28 @@ class NodeBase:
         return {**(CA_ENV if self._egress is not None else {}), **rec["spec"].get("env", {}), **(env or {})}
 
     def _install_ca(self, root: Path) -> None:
-        """Write the egress proxy's CA certificate into a mounted sandbox disk and append it to the system bundle
-        (once). Only the certificate: its key stays in ``<state_dir>/egress``."""
+        """Write this node's egress proxy CA certificate into a mounted sandbox disk and into its system bundle, at
+        every start (boot and restore alike): a sandbox that moved here trusts this node's proxy, and the CA of the
+        node it came from (the certificate the file held before) leaves the bundle. Only the certificate: its key
+        stays in ``<state_dir>/egress``."""
         if self._egress is None or not self._egress.ca_pem:
             return
         pem = self._egress.ca_pem
-        guestfs.write_file(root, CA_GUEST_PATH, pem)
+        try:
+            old = guestfs.read_file(root, CA_GUEST_PATH, limit=64 << 10)
+        except (OSError, guestfs.UnsafePath):
+            old = b""
+        if old != pem:
+            guestfs.write_file(root, CA_GUEST_PATH, pem)
         try:
             bundle = guestfs.read_file(root, CA_BUNDLE_GUEST_PATH, limit=8 << 20)
         except (OSError, guestfs.UnsafePath):
             bundle = b""
-        if pem not in bundle:
-            guestfs.write_file(root, CA_BUNDLE_GUEST_PATH, bundle.rstrip(b"\n") + b"\n" + pem)
+        kept = bundle.replace(old, b"") if old and old != pem and old.startswith(b"-----BEGIN CERTIFICATE") else bundle
+        if pem not in kept:
+            kept = kept.rstrip(b"\n") + b"\n" + pem
+        if kept != bundle:
+            guestfs.write_file(root, CA_BUNDLE_GUEST_PATH, kept)
 
     @property
     def image(self) -> Path:

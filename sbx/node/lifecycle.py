@@ -71,6 +71,7 @@ class LifecycleMixin(NodeBase):
         network.pin_sandbox(network.lease_from_json(json.dumps(rec["lease"])), self.settings.bridge,
                             self.settings.node_name)
         self._apply_egress(sid, rec)
+        self._install_ca(self._hostroot(sid))  # every start: a sandbox that moved here trusts this node's proxy
         cpus = min(size.vcpus, os.cpu_count() or 1)
         cspec = ContainerSpec(
             hostname=rec["spec"]["hostname"],
@@ -112,7 +113,6 @@ class LifecycleMixin(NodeBase):
             root, "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n::1 localhost ip6-localhost\n".encode()
         )
         guestfs.write_file(root, "etc/resolv.conf", _resolv_conf().encode())
-        self._install_ca(root)
         if fresh:
             guestfs.write_file(root, "etc/machine-id", (uuid.uuid4().hex + "\n").encode(), mode=0o444)
             guestfs.write_file(root, "etc/sbx/identity", f"{sid} {secrets.token_hex(8)}\n".encode())

@@ -58,7 +58,8 @@ class StatsMixin(NodeBase):
         running = sum(1 for status in self.runtime.statuses().values() if status == "running")
         return NodeInfo(name=self.settings.node_name, memory_mib=memory, disk_free_bytes=room.free_bytes,
                         disk_path=room.path, vcpus=os.cpu_count() or 1, load1=round(os.getloadavg()[0], 2),
-                        running=running, fingerprint=dict(self._fingerprint))
+                        running=running, fingerprint=dict(self._fingerprint),
+                        egress=self.egress_ready())
 
     def _disk_space(self, sid: str) -> tuple[int, int]:
         """``(allocated, unique)`` bytes of the sandbox's disk image on the volume: what the image maps (shared

@@ -128,7 +128,8 @@ class NodeInfo:
     ``disk_free_bytes`` and ``disk_path`` (room where the data volume runs out first, as admission measures it),
     ``vcpus`` (online CPUs); load: ``load1`` (1-minute load average), ``running`` (sandbox containers running);
     ``fingerprint``: what a memory image made here is tied to (``cpuModel``, ``cpuFlagsSha256``, ``kernel``,
-    ``criu``; :func:`sbx.runtime.criu.host_fingerprint`)."""
+    ``criu``; :func:`sbx.runtime.criu.host_fingerprint`); ``egress``: its egress proxy runs (secrets can be bound to
+    its sandboxes)."""
 
     name: str
     memory_mib: int
@@ -138,6 +139,7 @@ class NodeInfo:
     load1: float
     running: int
     fingerprint: dict[str, str] = field(default_factory=dict)
+    egress: bool = False
 
 
 NodeStatus = Literal["running", "checkpointed", "stopped", "absent"]

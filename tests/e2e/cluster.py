@@ -1,7 +1,7 @@
 """What the several-node end-to-end tests share (tests/e2e/test_drain.py, test_consolidation.py,
-test_fork_elsewhere.py): :func:`node_cluster`, a ``sbx server`` driving node agents that each run in a network
-namespace of their own (tests/nodenet.py), and the CLI helpers and the 128 MiB holder process they check a move
-with."""
+test_fork_elsewhere.py, test_secrets_nodes.py): :func:`node_cluster`, a ``sbx server`` driving node agents that
+each run in a network namespace of their own (tests/nodenet.py), and the CLI helpers and the 128 MiB holder process
+they check a move with."""
 
 from __future__ import annotations
 
@@ -37,14 +37,15 @@ while True:
 
 @contextmanager
 def node_cluster(tmp: Path, ks: list[int], node: str, bridge: str, subnet: str,
-                 **env: str) -> Iterator[tuple[Server, list[NodeHost]]]:
-    """Node agents ``ks`` started in their namespaces and a server (``node``/``bridge``/``subnet``: its own names,
-    moved to the run's slot; ``env``: more settings) whose configured node is the first, the others added with
-    ``sbx node add`` and checked ``ready``. Heartbeats every second, unreachable after 5 s. On exit the server
-    stops, then the agents and their namespaces go."""
+                 node_env: dict[str, str] | None = None, **env: str) -> Iterator[tuple[Server, list[NodeHost]]]:
+    """Node agents ``ks`` started in their namespaces (``node_env``: more settings for each) and a server
+    (``node``/``bridge``/``subnet``: its own names, moved to the run's slot; ``env``: more settings) whose configured
+    node is the first, the others added with ``sbx node add`` and checked ``ready``. Heartbeats every second,
+    unreachable after 5 s. On exit the server stops, then the agents and their namespaces go."""
     with ExitStack() as stack:
         nodes = stack.enter_context(node_netns_many(ks, tmp))
         for n in nodes:
+            n.extra_env.update(node_env or {})
             n.start()
         (tmp / "server").mkdir()
         srv = stack.enter_context(start_server(

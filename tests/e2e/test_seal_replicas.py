@@ -24,7 +24,7 @@ VOLUME_NODES = Path("/var/lib/sbx/volume/nodes")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[NodeHost]]]:
-    with node_cluster(tmp_path_factory.mktemp("sbx-sealrep"), [12, 13], "srsrv", "sbxsrsv", "10.85.0.0/16",
+    with node_cluster(tmp_path_factory.mktemp("sbx-sealrep"), [12, 13], "srsrv", "sbxsrsv", "10.80.0.0/16",
                       SBX_REPLICATE_SECONDS="1", SBX_CONSOLIDATE_SECONDS="0") as c:
         yield c
 

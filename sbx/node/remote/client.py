@@ -23,6 +23,7 @@ import httpx
 
 from sbx.config import Settings
 from sbx.node.remote import wire
+from sbx.node.remote.egresslink import EgressClient
 from sbx.node.remote.spawned import RemoteProcess
 from sbx.node.types import (
     ExecEvent,
@@ -43,8 +44,9 @@ CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection to the node before the call fails with ``node_unreachable``."""
 
 
-class RemoteNode:
-    """The node at ``url`` (``http://10.0.0.2:7700``), authenticated with ``token`` (its node token).
+class RemoteNode(EgressClient):
+    """The node at ``url`` (``http://10.0.0.2:7700``), authenticated with ``token`` (its node token); its egress
+    proxy's calls are :class:`sbx.node.remote.egresslink.EgressClient`'s.
 
     Calls block like the embedded node's; several threads may call at once (one connection pool)."""
 
@@ -120,6 +122,7 @@ class RemoteNode:
     def close(self) -> None:
         """Close the connection pool (the router drops a removed node)."""
         self.unwatch()
+        self.close_egress()
         self._http.close()
 
     def relay_target(self) -> tuple[str, int, str]:
@@ -239,21 +242,6 @@ class RemoteNode:
 
     def fork_stopped(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
         self._call("fork_stopped", source_id, spec, memory=memory)
-
-    # The egress proxy asks its server over a Unix socket on the node's host (sbx.node.egressproxy); a remote
-    # node has no such channel yet, so secrets can't be bound to its sandboxes (409 egress_proxy_unavailable).
-    def egress_ready(self) -> bool:
-        return False
-
-    def serve_egress(self, handler: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
-        return None
-
-    def set_egress_proxy(self, id: str, enabled: bool) -> None:
-        if enabled:
-            raise NodeError("egress_proxy_unavailable", "secrets are not available on a remote node yet")
-
-    def close_egress(self) -> None:
-        return None
 
     def snapshot(self, id: str, name: str) -> SnapshotInfo:
         return self._call("snapshot", id, name)  # type: ignore[no-any-return]

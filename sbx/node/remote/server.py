@@ -4,7 +4,9 @@ Every route needs ``Authorization: Bearer <node token>`` (compared in constant t
 ``unauthorized`` (a WebSocket is closed with code 4401 before it is accepted). Routes (:mod:`sbx.node.remote.wire`
 has the shapes):
 
-- ``GET /v1/node/health``: ``{"ok": true, "node": <node name>}``;
+- ``GET /v1/node/health``: ``{"ok": true, "node": <node name>, "egress": <whether its egress proxy runs>}``;
+- ``POST /v1/node/egress/poll`` and ``.../answer``: the egress proxy's questions, long-polled by the servers
+  (:mod:`sbx.node.remote.egresslink`);
 - ``POST /v1/node/call/<method>``: one plain :class:`sbx.node.types.NodeAgent` call of :data:`wire.CALLS`;
 - ``POST /v1/node/exec``: an attached exec as NDJSON events;
 - ``WS /v1/node/spawn``: a process with pipes or a pty (:mod:`sbx.node.remote.spawned` has the frames);
@@ -50,6 +52,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from sbx.node.remote import wire
+from sbx.node.remote.egresslink import EgressLink, egress_routes
 from sbx.node.remote.filestream import StreamError
 from sbx.node.remote.relay import make_handler
 from sbx.node.remote.spawned import (
@@ -113,6 +116,8 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
     exits = Exits()
     relay_port = {"port": 0}
     xfer: Any = node  # the transfer calls of sbx.node.transfer (not part of the NodeAgent protocol)
+    link = EgressLink()  # the egress proxy asks the polling servers (sbx.node.remote.egresslink)
+    node.serve_egress(link.ask)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -144,7 +149,7 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
 
     @app.get("/v1/node/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "node": name}
+        return {"ok": True, "node": name, "egress": node.egress_ready()}
 
     @app.get("/v1/node/exits")
     def exits_after(after: int = -1, wait: float = 20.0, boot: str = "") -> dict[str, Any]:
@@ -258,6 +263,7 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
         await _relay(ws, proc)
 
     _migration_routes(app, node)
+    egress_routes(app, link)
     return app
 
 

@@ -13,6 +13,8 @@ costs one entry in :data:`CALLS` (server side) and a one-line method in :class:`
 - The node's exit watcher is a long poll, ``GET /v1/node/exits?after=N``.
 - A moving sandbox's files (:mod:`sbx.node.transfer`) stream as raw bytes: ``GET /v1/node/transfer/<id>/<name>``
   (from the source) and ``PUT /v1/node/transfer/<id>/<name>`` (into the destination, hash-checked there).
+- The egress proxy's questions are a long poll the servers hold, ``POST /v1/node/egress/poll`` and ``.../answer``
+  (:mod:`sbx.node.remote.egresslink`).
 - Hosted ports of the node's sandboxes are reached through its port relay (:mod:`sbx.node.remote.relay`).
 
 The token is ``Authorization: Bearer <node token>`` on every request (:func:`ensure_node_token`).
@@ -48,6 +50,8 @@ CALLS = frozenset({
     "transfer_parent", "export_stopped", "end_export", "begin_import", "abort_import", "commit_import",
     # seal replicas (sbx.node.replicas); their files stream in on their own route
     "begin_replica", "seal_replica", "drop_replica", "replicas", "promote_replica",
+    # which sandboxes go through the egress proxy; its questions have their own routes (sbx.node.remote.egresslink)
+    "set_egress_proxy",
 })
 
 

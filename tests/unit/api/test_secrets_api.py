@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography.exceptions import InvalidTag
 
+from sbx.control import secretrules as R
 from sbx.control import secrets as S
 from tests.fakes import Api
 
@@ -151,11 +152,11 @@ def test_binding_needs_the_nodes_egress_proxy(api: Api, monkeypatch: pytest.Monk
 
 
 def test_host_patterns() -> None:
-    assert S.host_matches("api.example.com", "API.example.com.")
-    assert S.host_matches("*.example.com", "a.example.com")
-    assert not S.host_matches("*.example.com", "example.com")
-    assert not S.host_matches("*.example.com", "aexample.com")
-    assert not S.host_matches("api.example.com", "api.example.com.evil")
+    assert R.host_matches("api.example.com", "API.example.com.")
+    assert R.host_matches("*.example.com", "a.example.com")
+    assert not R.host_matches("*.example.com", "example.com")
+    assert not R.host_matches("*.example.com", "aexample.com")
+    assert not R.host_matches("api.example.com", "api.example.com.evil")
 
 
 def test_lone_surrogates_are_400_not_500(api: Api) -> None:
