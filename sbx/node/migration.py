@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -99,6 +100,20 @@ def page_server(http: httpx.Client, id: str) -> str | None:
         return None
     got = _answer(resp, "page server")
     return f"{got['address']}:{got['port']}"
+
+
+def own_time_namespace(pid: int | None) -> bool:
+    """True when process ``pid`` (a sandbox's init) runs in a time namespace other than this process's: one CRIU
+    made when it restored the sandbox from its own memory image (a resume keeps the dumped clocks' offsets). Its
+    dump then names that namespace, so the destination must restore it with its record
+    (:func:`sbx.runtime.criuimages.drop_time_namespace` would leave CRIU reading a missing image: "Unexpected EOF
+    on (empty-image)"). False when it can't be told (no pid, no ``/proc/PID/ns/time``)."""
+    if not pid:
+        return False
+    try:
+        return os.stat(f"/proc/{pid}/ns/time").st_ino != os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        return False
 
 
 def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
@@ -208,7 +223,8 @@ class MigrationMixin(IncomingMixin):
             mem = work / "memory"
             self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True,
                                     page_server=pages_to)
-            (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id)}))
+            (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id),
+                                                            "ownTimeNamespace": own_time_namespace(pid)}))
             figures["dumpS"] = time.monotonic() - t_pause
             step = "send"
             files = sorted(p for p in mem.iterdir() if p.is_file())

@@ -240,3 +240,21 @@ def test_kill9_of_the_destination_halfway_leaves_the_sandbox_running_on_its_sour
     assert not sandbox_dir(b, sid).exists()
     assert client(b).status(sid) == "absent"
     src.delete(sid)
+
+
+def test_a_sandbox_resumed_from_its_memory_image_moves_too(nodes: tuple[NodeHost, NodeHost]) -> None:
+    """Stopped with its memory and resumed on its node (a restore of its own dump, not of the template), a
+    sandbox still live-migrates with its process and memory (it failed on the destination's restore with CRIU's
+    'cgroupd: recv req error: File exists')."""
+    a, b = nodes
+    src, dst = client(a), client(b)
+    spec = new_sandbox(a)
+    sid = spec.id
+    before = holder_check(src, sid)
+    assert src.stop(sid).memory_saved
+    assert src.resume(sid, spec).memory_restored
+    assert holder_check(src, sid) == before
+    migrate(src, dst, b.url, spec)
+    assert holder_check(dst, sid) == before
+    assert dst.status(sid) == "running"
+    dst.delete(sid)
