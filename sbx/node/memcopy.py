@@ -141,6 +141,7 @@ class MemoryCopyMixin(NodeBase):
                 st.mark("clone-disk")
                 self.runtime.checkpoint(source_id, mem, self._dir(spec.id) / "criu-work",
                                         image_gid=self._uid_base(spec.id), leave_running=True)
+                criuimages.mark_own_time_namespace(mem, self.runtime.init_pid(source_id))  # a resumed source
                 st.mark("checkpoint")
             except (StorageError, RuntimeError_) as e:
                 self._discard_memory(spec.id)

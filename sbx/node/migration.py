@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ import httpx
 from sbx.node.migration_in import IncomingMixin
 from sbx.node.remote import filestream
 from sbx.node.types import NodeError, NodeInfo, SandboxSpec
+from sbx.runtime import criuimages
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.runc import remove_tree
 from sbx.storage import delta
@@ -100,20 +100,6 @@ def page_server(http: httpx.Client, id: str) -> str | None:
         return None
     got = _answer(resp, "page server")
     return f"{got['address']}:{got['port']}"
-
-
-def own_time_namespace(pid: int | None) -> bool:
-    """True when process ``pid`` (a sandbox's init) runs in a time namespace other than this process's: one CRIU
-    made when it restored the sandbox from its own memory image (a resume keeps the dumped clocks' offsets). Its
-    dump then names that namespace, so the destination must restore it with its record
-    (:func:`sbx.runtime.criuimages.drop_time_namespace` would leave CRIU reading a missing image: "Unexpected EOF
-    on (empty-image)"). False when it can't be told (no pid, no ``/proc/PID/ns/time``)."""
-    if not pid:
-        return False
-    try:
-        return os.stat(f"/proc/{pid}/ns/time").st_ino != os.stat("/proc/self/ns/time").st_ino
-    except OSError:
-        return False
 
 
 def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
@@ -223,8 +209,8 @@ class MigrationMixin(IncomingMixin):
             mem = work / "memory"
             self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True,
                                     page_server=pages_to)
-            (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id),
-                                                            "ownTimeNamespace": own_time_namespace(pid)}))
+            criuimages.mark_own_time_namespace(mem, pid)  # a resumed sandbox's dump keeps its time namespace
+            (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id)}))
             figures["dumpS"] = time.monotonic() - t_pause
             step = "send"
             files = sorted(p for p in mem.iterdir() if p.is_file())

@@ -219,8 +219,7 @@ class IncomingMixin(NodeBase):
             try:
                 page_bytes = self._take_pages(id, mem)
                 criuimages.retarget(mem, old_base=int(meta["uidBase"]), new_base=self._uid_base(id), hostname=None)
-                if not meta.get("ownTimeNamespace"):  # one made by a resume stays (its clocks' offsets)
-                    criuimages.drop_time_namespace(mem)
+                criuimages.drop_time_namespace(mem)  # kept when the source ran in its own (a resumed one)
                 self._mount(id)
                 bundle = self._write_bundle(id, rec, size)
                 self.runtime.restore(id, bundle, mem, self._dir(id) / "criu-work")

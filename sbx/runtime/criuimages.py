@@ -186,16 +186,44 @@ def retarget(image_dir: Path, *, old_base: int, new_base: int, hostname: str | N
     return moved
 
 
+OWN_TIME_NAMESPACE = "sbx-own-time-namespace"
+"""A file in an image folder saying the dumped tasks ran in a time namespace of their own
+(:func:`mark_own_time_namespace`)."""
+
+
+def own_time_namespace(pid: int | None) -> bool:
+    """True when process ``pid`` (a sandbox's init) runs in a time namespace other than this process's: the one
+    CRIU made when it restored the sandbox from its own memory image (a resume keeps the dumped clocks' offsets).
+    False when it can't be told (no pid, no ``/proc/PID/ns/time``)."""
+    if not pid:
+        return False
+    try:
+        return os.stat(f"/proc/{pid}/ns/time").st_ino != os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        return False
+
+
+def mark_own_time_namespace(image_dir: Path, pid: int | None) -> None:
+    """After a dump of the tasks under ``pid``: when they ran in a time namespace of their own
+    (:func:`own_time_namespace`), say so in ``image_dir``, so :func:`drop_time_namespace` keeps the record (the
+    dump names that namespace, and CRIU would read a missing image: "Unexpected EOF on (empty-image)")."""
+    if own_time_namespace(pid):
+        (image_dir / OWN_TIME_NAMESPACE).write_text("1\n")
+
+
 def drop_time_namespace(image_dir: Path) -> bool:
     """Remove the time namespace record (``timens-*.img``) from the image in ``image_dir``, so CRIU restores the
-    tasks in the host's time namespace instead of a new one with the dumped monotonic/boottime offsets. Returns True
-    when there was one.
+    tasks in the host's time namespace instead of a new one with the dumped monotonic/boottime offsets; not when
+    the dumped tasks ran in a time namespace of their own (:func:`mark_own_time_namespace`: a sandbox resumed from
+    its own memory image), whose record the dump needs. Returns True when one was removed.
 
     Why (measured here, issue 13): with the record, the restored systemd and its services run in a time namespace
     of CRIU's, while a process started later by ``runc exec`` (which knows no time namespaces) runs in the host's;
     the next checkpoint then dumps, but its restore fails with "Can't restore sub-task in NS (cflags 80)"
     (CLONE_NEWTIME). A template or fork is restored on the host it was made on, so its clocks only move forward
     by the time since the dump, as after a suspend."""
+    if (image_dir / OWN_TIME_NAMESPACE).exists():
+        return False
     found = False
     for p in image_dir.glob("timens-*.img"):
         p.unlink()

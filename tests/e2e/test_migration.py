@@ -258,3 +258,23 @@ def test_a_sandbox_resumed_from_its_memory_image_moves_too(nodes: tuple[NodeHost
     assert holder_check(dst, sid) == before
     assert dst.status(sid) == "running"
     dst.delete(sid)
+
+
+def test_a_sandbox_resumed_from_its_memory_image_forks_with_its_memory(nodes: tuple[NodeHost, NodeHost]) -> None:
+    """``fork --memory`` of a sandbox resumed from its own memory image (so in the time namespace CRIU made for
+    that restore) restores the fork with the source's process and memory."""
+    a, _b = nodes
+    src = client(a)
+    spec = new_sandbox(a)
+    sid = spec.id
+    before = holder_check(src, sid)
+    assert src.stop(sid).memory_saved
+    assert src.resume(sid, spec).memory_restored
+    fork = SandboxSpec(id="sb_" + secrets.token_hex(5), hostname="frk-" + secrets.token_hex(3),
+                       size=TEST_SIZES["default"])
+    src.fork(sid, fork, memory=True)
+    assert src.status(fork.id) == "running"
+    assert holder_check(src, fork.id) == before  # same PID, memory, unlinked file's offset
+    assert holder_check(src, sid) == before
+    src.delete(fork.id)
+    src.delete(sid)
