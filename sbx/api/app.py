@@ -222,7 +222,7 @@ def create_app(
                      "wait=true")
 
     @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 403, 404, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
                        ) -> JSONResponse:
         """Create a sandbox for the key's account; answers 202 in state ``provisioning`` (or 200 once running with
@@ -233,7 +233,7 @@ def create_app(
         cp.secrets.names(who.account_id, body.secrets or [])  # 404/409 before anything is made
         row = cp.create(body.type, body.name, body.ttl, from_key, body.no_snapshots, body.env,
                         body.auto_resume, body.labels, account_id=who.account_id,
-                        cold=body.cold)
+                        cold=body.cold, egress=bool(body.secrets))
         secrets_api.bind_all(cp, row.id, body.secrets, who.account_id)
         return accepted(row, wait_, timeout)
 

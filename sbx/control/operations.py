@@ -61,6 +61,7 @@ class LifecycleOps(ForkOps):
         labels: dict[str, str] | None = None,
         account_id: str = DEFAULT_ACCOUNT,
         cold: bool = False,
+        egress: bool = False,
     ) -> SandboxRow:
         """Create a sandbox of size ``type`` for account ``account_id`` (a disk from the base image, or a copy of
         snapshot ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
@@ -68,10 +69,11 @@ class LifecycleOps(ForkOps):
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
         ``auto_resume``: an exec, a file call, a shell or a request on one of its hosted ports resumes it when it
         is stopped. ``labels``: string metadata, filtered on by :meth:`list_sandboxes`. ``cold``: boot even when the
-        size's memory template is ready (:mod:`sbx.node.templates`).
+        size's memory template is ready (:mod:`sbx.node.templates`). ``egress``: it is to get secrets, so only a
+        node that runs an egress proxy may take it.
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot
-        (the API answers the same for another account's), 403 ``plan_limit``, 507 ``insufficient_capacity``
-        (nothing is created)."""
+        (the API answers the same for another account's), 403 ``plan_limit``, 507 ``insufficient_capacity``, 409
+        ``egress_proxy_unavailable`` (nothing is created)."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
         if from_snapshot is not None and self.store.get_snapshot(from_snapshot) is None:
@@ -86,7 +88,7 @@ class LifecycleOps(ForkOps):
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)
-            node = self._place(size, what, only=only)
+            node = self._place(size, what, only=only, egress=egress)
             row = self._add_new_row(
                 "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
                 no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,

@@ -145,3 +145,44 @@ def test_a_node_asking_about_a_sandbox_it_does_not_hold_gets_nothing(
         finally:
             ok(srv, "node", "remove", fake.name)
     fake.close()
+
+
+def test_a_create_with_a_secret_goes_to_a_node_that_runs_a_proxy(cluster: tuple[Server, list[NodeHost]]) -> None:
+    """Node 13 restarted without an egress proxy, with more room than node 12: a plain sandbox goes to 13 (the
+    most room), one created with --secret to 12, where its secret can be bound. Before, it went to 13 and the
+    create answered 409 egress_proxy_unavailable with the sandbox already made."""
+    srv, nodes = cluster
+    n12, n13 = nodes
+    _set_secret(srv, "placetok", "tok-place-" + str(time.time_ns()), "--host", API_HOST)
+    made: list[str] = []
+    ok(srv, "node", "cordon", n13.node_name)
+    try:
+        made += [ok(srv, "new", "--type", "small").strip() for _ in range(2)]  # node 12 fills up a little
+    finally:
+        ok(srv, "node", "uncordon", n13.node_name)
+    n13.kill()  # its sandboxes keep running
+    n13.extra_env["SBX_EGRESS_PROXY_PORT"] = "0"
+    try:
+        n13.start()
+
+        def egress_of_13() -> bool | None:
+            listed = {n["name"]: n for n in json.loads(ok(srv, "node", "list", "--json"))["nodes"]}
+            row = listed[n13.node_name]
+            return row["egress"] if row["status"] == "ready" else None
+
+        poll(lambda: egress_of_13() is False, "node 13 without its proxy", timeout=60)
+        plain = ok(srv, "new", "--type", "small").strip()
+        made.append(plain)
+        assert info(srv, plain)["node"] == n13.node_name
+        for _ in range(2):
+            r = srv.sbx("new", "--type", "small", "--secret", "placetok", "--json", timeout=300)
+            assert r.returncode == 0, r.stdout + r.stderr
+            sid = json.loads(r.stdout)["sandbox"]["id"]
+            made.append(sid)
+            assert info(srv, sid)["node"] == n12.node_name
+    finally:
+        n13.kill()
+        n13.extra_env.pop("SBX_EGRESS_PROXY_PORT", None)
+        n13.start()
+    for sid in made:
+        ok(srv, "delete", sid, "--wait")
