@@ -85,10 +85,11 @@ class LifecycleOps(ForkOps):
             if only is None:
                 raise ControlError("insufficient_capacity", f"no node can take {what_new}: no node that answers "
                                    f"holds snapshot {from_snapshot}", 507)
+        proxied = self._egress_nodes() if egress else None
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)
-            node = self._place(size, what, only=only, egress=egress)
+            node = self._place(size, what, only=only, among=proxied)
             row = self._add_new_row(
                 "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
                 no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,

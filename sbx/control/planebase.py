@@ -192,15 +192,15 @@ class PlaneBase:
         with self.lifecycle.cond:
             self.moving_to.pop(sandbox_id, None)
 
-    def _place(self, size: Size, what: str, only: str | None = None, egress: bool = False) -> str:
+    def _place(self, size: Size, what: str, only: str | None = None, among: set[str] | None = None) -> str:
         """The node a new sandbox or fork (``what`` at ``size``) goes to (:func:`sbx.control.placement.choose`);
-        with ``egress`` (it is to get secrets) only a node that runs an egress proxy. ``507
-        insufficient_capacity`` when none may take it, ``409 egress_proxy_unavailable`` when no node with room
-        runs a proxy. The caller holds ``self.lifecycle.cond`` and writes the new row (with this node) before
-        releasing it."""
+        with ``among`` only one of those nodes (:meth:`_egress_nodes`, for one that is to get secrets). ``507
+        insufficient_capacity`` when none may take it, ``409 egress_proxy_unavailable`` when ``among`` is
+        empty. The caller holds ``self.lifecycle.cond`` and writes the new row (with this node) before releasing
+        it."""
         cands = self._candidates()
-        if egress:
-            cands = [c for c in cands if self._runs_egress(c.name)]
+        if among is not None:
+            cands = [c for c in cands if c.name in among]
             if not cands:
                 raise ControlError("egress_proxy_unavailable", f"no node runs an egress proxy for {what}, so its "
                                    "secrets can't be bound", 409)
@@ -210,12 +210,17 @@ class PlaneBase:
             log.info("refused %s: %s", what, err.message)
             raise
 
-    def _runs_egress(self, node: str) -> bool:
-        """True when node ``node`` answers that it runs an egress proxy."""
-        try:
-            return bool(self.router.agent(node).egress_ready())
-        except NodeError:
-            return False
+    def _egress_nodes(self) -> set[str]:
+        """The nodes that answer that they run an egress proxy (asked outside the lifecycle lock: a node that
+        doesn't answer may take seconds)."""
+        out: set[str] = set()
+        for name, (_url, agent) in self.router.agents().items():
+            try:
+                if agent.egress_ready():
+                    out.add(name)
+            except NodeError:
+                continue
+        return out
 
     def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None) -> None:
         """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``) with 403 ``plan_limit``
