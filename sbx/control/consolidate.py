@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from sbx.control import capacity, packing
-from sbx.control.dblocks import LeaderLock
+from sbx.control.dblocks import LeaderLoop
 from sbx.control.errors import ControlError
 from sbx.control.packing import CONSOLIDATION_REASON, Held, NodeLoad, Plan, Rules
 from sbx.control.service import ControlPlane
@@ -39,18 +39,20 @@ BACKOFF_PERIODS = 10
 """Periods a node whose consolidation drain left sandboxes behind is not tried again."""
 
 
-class Consolidator:
+class Consolidator(LeaderLoop):
     """Runs :meth:`run_once` every ``period`` seconds (default ``settings.consolidate_seconds``; 0: never) in a
-    daemon thread between :meth:`start` and :meth:`stop`, while this replica leads the ``consolidate`` duty."""
+    daemon thread between :meth:`start` and :meth:`stop`, while this replica leads the ``consolidate`` duty
+    (:class:`sbx.control.dblocks.LeaderLoop`; a drain it started goes on in its own thread until the server
+    closes)."""
+
+    what = "consolidation"
+    pass_log = log
 
     def __init__(self, control: ControlPlane, period: float | None = None):
+        super().__init__(control.store.engine, "consolidate",
+                         control.settings.consolidate_seconds if period is None else period, join_timeout=30)
         self.cp = control
-        self.period = control.settings.consolidate_seconds if period is None else period
-        self.leader = LeaderLock(control.store.engine, "consolidate")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._guard = threading.Lock()
-        self._leading = False
         self._last: dict[str, Any] | None = None
         self._drain_node: str | None = None
         self._outcome: str | None = None
@@ -61,32 +63,6 @@ class Consolidator:
         s = self.cp.settings
         return Rules(s.consolidate_light_fraction, s.consolidate_headroom, s.consolidate_max_moves,
                      s.disk_reserve_gib)
-
-    def start(self) -> None:
-        """Start the loop (nothing when the period is 0)."""
-        if self.period <= 0 or self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="sbx-consolidate", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the loop (a drain it started goes on in its own thread until the server closes) and give up the
-        leadership."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
-        self.leader.release()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                self._leading = self.leader.try_lead()
-                if self._leading:
-                    self.run_once()
-            except Exception:  # keep the loop after a bug in one pass
-                log.exception("consolidation pass failed")
 
     # one pass --------------------------------------------------------------------------------------------------
     def loads(self) -> list[NodeLoad]:
@@ -172,7 +148,7 @@ class Consolidator:
             except ControlError:  # not_found: this replica has no record of it
                 drain = None
         return {"enabled": self.period > 0, "periodS": self.period,
-                "leader": self._leading or self.leader.engine is None,
+                "leader": self.leading or self.leader.engine is None,
                 "rules": {"lightFraction": r.light_fraction, "headroom": r.headroom, "maxMoves": r.max_moves},
                 "lastRunAt": last["at"] if last else None, "plan": last["plan"] if last else None,
                 "drain": drain, "outcome": outcome,

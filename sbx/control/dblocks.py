@@ -5,7 +5,7 @@ SIGKILL closes its sockets; PostgreSQL then drops the session and every lock it 
 - :class:`SandboxLocks`: one lock per sandbox id (``pg_try_advisory_lock(1, hashtext(id))``), taken around the
   check-and-set of a lifecycle operation so two replicas never both start an operation on one sandbox.
 - :class:`LeaderLock`: one lock per duty (``pg_try_advisory_lock(2, hashtext(name))``) kept by the replica that
-  runs the duty (the reaper); the others try again on their next tick.
+  runs the duty (the reaper); the others try again on their next tick. :class:`LeaderLoop` runs such a duty.
 - :class:`OpLocks`: who owns the operation in flight on a sandbox (``pg_try_advisory_lock(3, hashtext(id))``, held
   from the transition into a transient state until the transition out of it), and which replicas are alive (each
   holds ``pg_advisory_lock_shared(4, 0)``). A transient row whose lock another replica can take was left by a dead
@@ -149,6 +149,55 @@ class LeaderLock:
                 self._conn = None
             except Exception:
                 self._drop()
+
+
+class LeaderLoop:
+    """A duty run by the replica that leads it: :meth:`run_once` every ``period`` seconds in a daemon thread named
+    ``sbx-<duty>``, between :meth:`start` and :meth:`stop`, while :class:`LeaderLock` ``duty`` is held (tried
+    again each period; ``leading`` says the last answer). A pass that raises is logged to ``pass_log`` as
+    "``what`` pass failed" and the loop goes on. ``period`` 0 or less: :meth:`start` does nothing.
+    :meth:`stop` waits ``join_timeout`` seconds at most for the pass under way, then gives up the leadership."""
+
+    what = "duty"
+    pass_log = log
+
+    def __init__(self, engine: Engine, duty: str, period: float, join_timeout: float = 60.0):
+        self.period = period
+        self.leader = LeaderLock(engine, duty)
+        self.leading = False
+        self._duty = duty
+        self._join_timeout = join_timeout
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> object:
+        """One pass of the duty (what subclasses do)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start the loop (nothing when the period is 0 or it runs already)."""
+        if self.period <= 0 or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"sbx-{self._duty}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop and give up the leadership."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._join_timeout)
+            self._thread = None
+        self.leader.release()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.leading = self.leader.try_lead()
+                if self.leading:
+                    self.run_once()
+            except Exception:  # keep the loop after a bug in one pass
+                self.pass_log.exception("%s pass failed", self.what)
 
 
 class OpLocks:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import time
 
-from sbx.control.dblocks import LeaderLock
+from sbx.control.dblocks import LeaderLoop
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
 from sbx.control.store import as_utc, utcnow
@@ -30,36 +29,20 @@ from sbx.node.types import NodeError
 log = logging.getLogger("sbx.reaper")
 
 
-class Reaper:
-    """Runs :meth:`run_once` every ``tick`` seconds in a daemon thread between :meth:`start` and :meth:`stop`."""
+class Reaper(LeaderLoop):
+    """Runs :meth:`run_once` every ``tick`` seconds in a daemon thread between :meth:`start` and :meth:`stop`
+    (:class:`sbx.control.dblocks.LeaderLoop`, duty ``reaper``; :meth:`stop` waits at most one tick plus the
+    current pass)."""
+
+    what = "reaper"
+    pass_log = log
 
     def __init__(self, control: ControlPlane, tick: float = 5.0):
+        super().__init__(control.store.engine, "reaper", tick, join_timeout=tick + 30)
         self.control = control
         self.tick = tick
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._first_seen: dict[str, float] = {}
         self._pruned_at: float | None = None
-        self.leader = LeaderLock(control.store.engine, "reaper")
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="sbx-reaper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ask the loop to end and wait for it (at most one tick plus the current pass)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.tick + 30)
-        self.leader.release()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.tick):
-            try:
-                if self.leader.try_lead():
-                    self.run_once()
-            except Exception:  # keep reaping after a bug in one pass
-                log.exception("reaper pass failed")
 
     PRUNE_EVERY = 3600.0
     """Seconds between two event prunings."""

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, String, delete, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from sbx.control.dblocks import LeaderLock
+from sbx.control.dblocks import LeaderLoop
 from sbx.control.placement import fingerprint_matches
 from sbx.control.state import TRANSIENT
 from sbx.control.store import Base, SandboxRow, Store, as_utc, utcnow
@@ -132,45 +131,21 @@ class ReplicaBook:
             s.execute(delete(LeftoverRow).where(LeftoverRow.sandbox_id == sandbox_id, LeftoverRow.node == node))
 
 
-class Replicator:
+class Replicator(LeaderLoop):
     """Runs :meth:`run_once` every ``period`` seconds (default ``settings.replicate_seconds``; 0: never), in a
-    daemon thread between :meth:`start` and :meth:`stop`, while this replica leads the ``replicate`` duty."""
+    daemon thread between :meth:`start` and :meth:`stop`, while this replica leads the ``replicate`` duty
+    (:class:`sbx.control.dblocks.LeaderLoop`; a copy under way is finished before :meth:`stop` returns)."""
+
+    what = "replication"
+    pass_log = log
 
     def __init__(self, control: ControlPlane, period: float | None = None):
+        super().__init__(control.store.engine, "replicate",
+                         control.settings.replicate_seconds if period is None else period)
         self.cp = control
         self.book: ReplicaBook = control.replicas
-        self.period = control.settings.replicate_seconds if period is None else period
-        self.leader = LeaderLock(control.store.engine, "replicate")
         self.settle = min(self.period, SETTLE) if self.period > 0 else SETTLE
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.last: dict[str, Any] = {}
-
-    def start(self) -> None:
-        """Start the loop (nothing when the period is 0)."""
-        if self.period <= 0 or self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="sbx-replicate", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the loop (a copy under way is finished first) and give up the leadership."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-            self._thread = None
-        self.leader.release()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            if self._stop.wait(self.period):
-                return
-            try:
-                if self.leader.try_lead():
-                    self.run_once()
-            except Exception:  # keep the loop after a bug in one pass
-                log.exception("replication pass failed")
 
     # one pass --------------------------------------------------------------------------------------------------
     def run_once(self) -> dict[str, Any]:
