@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from sbx.config import Size
 from sbx.control import placement
 from sbx.control.errors import ControlError
 from sbx.control.planebase import PlaneBase
-from sbx.control.relocate import move_stopped
+from sbx.control.relocate import move_stopped, promote_replica
 from sbx.control.replicas import ReplicaRow
 from sbx.control.store import SandboxRow
 from sbx.node.types import NodeError
@@ -97,13 +96,9 @@ class MoveOps(PlaneBase):
         Raises ``NodeError``; the sandbox is then still on ``src``. A source that doesn't answer the delete of its
         copy keeps it until it does (``node_leftovers``)."""
         if replica:
-            holder: Any = self.router.agent(dst)  # the transfer calls are not NodeAgent's (sbx.node.transfer)
-            if holder.status(sandbox_id) != "absent":  # stale, as in move_stopped: the store puts it on src
-                holder.delete(sandbox_id)
-            info = {"seconds": 0.0, "delta": "replica", **holder.promote_replica(sandbox_id)}
-            info.setdefault("files", 0)
+            info = promote_replica(self.router.agent(dst), sandbox_id)
         else:
-            info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)  # clears stale copies
+            info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
         self.store.update_sandbox(sandbox_id, node=dst)
         self.replicas.forget(sandbox_id)
         self.secrets.nodes.reapply(sandbox_id)  # before its resume there: the boot applies the redirect

@@ -21,6 +21,24 @@ from sbx.node.types import NodeError
 log = logging.getLogger("sbx.control")
 
 
+def clear_stale(dst: Any, sandbox_id: str) -> None:
+    """Delete node agent ``dst``'s copy of ``sandbox_id`` before the sandbox comes there: it is stale, since the
+    store puts the sandbox elsewhere (a move cut short after its commit, or an old copy whose delete failed).
+    Raises ``NodeError``."""
+    if dst.status(sandbox_id) != "absent":
+        log.info("removing a stale copy of %s on the destination before the move", sandbox_id)
+        dst.delete(sandbox_id)
+
+
+def promote_replica(dst: Any, sandbox_id: str) -> dict[str, Any]:
+    """Make the seal replica node agent ``dst`` holds the stopped sandbox ``sandbox_id`` there
+    (:meth:`sbx.node.replicas.ReplicaMixin.promote_replica`), after :func:`clear_stale`. Returns the shape of
+    :func:`move_stopped`'s answer (``delta`` ``"replica"``, nothing moved over the network: ``seconds`` 0).
+    Raises ``NodeError``."""
+    clear_stale(dst, sandbox_id)
+    return {"seconds": 0.0, "delta": "replica", **dst.promote_replica(sandbox_id)}
+
+
 def move_stopped(src: Any, dst: Any, sandbox_id: str) -> dict[str, Any]:
     """Copy stopped sandbox ``sandbox_id`` from node agent ``src`` to ``dst`` (both with the transfer calls of
     :mod:`sbx.node.transfer`: a :class:`sbx.node.agent.LocalNode` or :class:`sbx.node.remote.client.RemoteNode`).
@@ -28,11 +46,7 @@ def move_stopped(src: Any, dst: Any, sandbox_id: str) -> dict[str, Any]:
     Raises ``NodeError`` (``node_unreachable``, ``transfer_corrupt``, ``transfer_failed``, ``invalid_state``...);
     then the destination has nothing and the source keeps the sandbox."""
     t0 = time.monotonic()
-    # a copy on the destination is stale (the store puts the sandbox on the source): a move cut short after its
-    # commit, or an old copy whose delete failed; it goes first
-    if dst.status(sandbox_id) != "absent":
-        log.info("removing a stale copy of %s on the destination before the move", sandbox_id)
-        dst.delete(sandbox_id)
+    clear_stale(dst, sandbox_id)
     manifest = src.export_stopped(sandbox_id, dst.transfer_parent())
     try:
         dst.begin_import(manifest)
