@@ -83,18 +83,22 @@ def umount_root(image: Path, rootfs: Path) -> None:
     """Unmount every mount of the disk ``image``, after a syncfs(2) of it: the view at ``rootfs`` first, then the
     plain mount (which detaches the loop device). Raises ``StorageError("busy")`` when one is in use."""
     first = os.path.realpath(rootfs)
-    mps = [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
+    mps = _mounts_of(image)
     if mps:  # everything written reaches the image now, even if another namespace keeps the filesystem alive
         try:
             disks.syncfs(mps[0])
         except (OSError, StorageError) as e:
             log.warning("syncfs of %s failed before its unmount: %s", mps[0], e)
     for _ in range(8):
-        mps = [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
         if not mps:
             return
         mps.sort(key=lambda mp: str(mp) != first)
         disks.umount(mps[0])
+        mps = _mounts_of(image)
+
+
+def _mounts_of(image: Path) -> list[Path]:
+    return [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
 
 
 def release_holders(image: Path) -> list[str]:
