@@ -295,6 +295,18 @@ class NodeRouter:
     def egress_ready(self) -> bool:
         return self.default.egress_ready()
 
+    def egress_nodes(self) -> set[str]:
+        """The nodes that answer that they run an egress proxy (a remote one is asked over its node API: one that
+        doesn't answer may take seconds, so callers ask outside the lifecycle lock)."""
+        out: set[str] = set()
+        for name, (_url, agent) in self.agents().items():
+            try:
+                if agent.egress_ready():
+                    out.add(name)
+            except NodeError:
+                continue
+        return out
+
     def serve_egress(self, handler: EgressHandler) -> None:
         self.default.serve_egress(handler)
 

@@ -85,7 +85,7 @@ class LifecycleOps(ForkOps):
             if only is None:
                 raise ControlError("insufficient_capacity", f"no node can take {what_new}: no node that answers "
                                    f"holds snapshot {from_snapshot}", 507)
-        proxied = self._egress_nodes() if egress else None
+        proxied = self.router.egress_nodes() if egress else None  # asked outside the lock
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)

@@ -194,10 +194,10 @@ class PlaneBase:
 
     def _place(self, size: Size, what: str, only: str | None = None, among: set[str] | None = None) -> str:
         """The node a new sandbox or fork (``what`` at ``size``) goes to (:func:`sbx.control.placement.choose`);
-        with ``among`` only one of those nodes (:meth:`_egress_nodes`, for one that is to get secrets). ``507
-        insufficient_capacity`` when none may take it, ``409 egress_proxy_unavailable`` when ``among`` is
-        empty. The caller holds ``self.lifecycle.cond`` and writes the new row (with this node) before releasing
-        it."""
+        with ``among`` only one of those nodes (for one that is to get secrets:
+        :meth:`sbx.control.noderouter.NodeRouter.egress_nodes`). ``507 insufficient_capacity`` when none may take
+        it, ``409 egress_proxy_unavailable`` when ``among`` is empty. The caller holds ``self.lifecycle.cond`` and
+        writes the new row (with this node) before releasing it."""
         cands = self._candidates()
         if among is not None:
             cands = [c for c in cands if c.name in among]
@@ -209,18 +209,6 @@ class PlaneBase:
         except ControlError as err:
             log.info("refused %s: %s", what, err.message)
             raise
-
-    def _egress_nodes(self) -> set[str]:
-        """The nodes that answer that they run an egress proxy (asked outside the lifecycle lock: a node that
-        doesn't answer may take seconds)."""
-        out: set[str] = set()
-        for name, (_url, agent) in self.router.agents().items():
-            try:
-                if agent.egress_ready():
-                    out.add(name)
-            except NodeError:
-                continue
-        return out
 
     def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None) -> None:
         """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``) with 403 ``plan_limit``

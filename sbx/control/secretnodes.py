@@ -68,13 +68,7 @@ class SecretNodes:
         router = self.cp.router
         if sandbox_id is not None:
             return bool(router.agent(router.node_of(sandbox_id)).egress_ready())
-        for _url, agent in router.agents().values():
-            try:
-                if agent.egress_ready():
-                    return True
-            except NodeError:
-                continue
-        return False
+        return bool(router.egress_nodes())
 
     def require(self, sandbox_id: str | None = None) -> None:
         """Raise 409 ``egress_proxy_unavailable`` unless :meth:`ready`."""
