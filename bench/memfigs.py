@@ -1,14 +1,18 @@
 """Figures of issue 13: a new sandbox from a memory template, and a fork with memory.
 
-- ``template``: ``Sandbox.create(type="small")`` until a first ``exec("true")`` answers, from the small memory
-  template (built in the background after the first cold boot of the size; the figure waits for it), and the same
-  with ``cold=True`` (the cold boot it replaces), ``repeats`` times each.
+- ``template``: ``Sandbox.create(type="small")`` until a first ``exec("true")`` answers, ``repeats`` times each
+  way: from a warm sandbox (one already restored from the template, :mod:`sbx.node.warmpool`; the figure waits
+  until one is ready), right after it from the small memory template itself (no warm one left: the node makes the
+  next a second after a take), and with ``cold=True`` (the cold boot both replace). The template is built in the
+  background after the first cold boot of the size; the figure waits for it. Each create is checked to have
+  started the way its row says (the node's record, ``startedFrom``).
 - ``forkmem``: ``fork(memory=True)`` of a running ``default`` sandbox whose detached python3 holds 128 MiB of
   touched random memory, until the fork answers an exec; checks the holder runs in the fork with the same PID.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,31 +40,63 @@ def wait_template(node_dir: Path, type: str = "small", timeout: float = TEMPLATE
         time.sleep(0.5)
 
 
+def wait_warm(node_dir: Path, type: str = "small", timeout: float = TEMPLATE_WAIT) -> None:
+    """Return once a warm sandbox of ``type`` is ready on the node whose folder is ``node_dir`` (a record in phase
+    ``pooled``); raises ``RuntimeError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for rec_file in (node_dir / "sandboxes").glob("*/node.json"):
+            try:
+                rec = json.loads(rec_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if rec.get("phase") == "pooled" and rec.get("pooled") == type:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no warm {type} sandbox was made in {node_dir} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def _started_from(node_dir: Path, sid: str) -> str:
+    try:
+        return str(json.loads((node_dir / "sandboxes" / sid / "node.json").read_text()).get("startedFrom"))
+    except (OSError, ValueError):
+        return "?"
+
+
 def fig_template(ctx: Ctx) -> list[Row]:
-    """``template``: create small → first exec answered, from the template and cold (see the module docstring)."""
+    """``template``: create small → first exec answered, from a warm sandbox, from the template and cold (see the
+    module docstring)."""
     from bench import figures as F
 
-    warm: list[float] = []
-    cold: list[float] = []
+    node_dir = ctx.srv.settings.node_dir
+    samples: dict[str, list[float]] = {"pool": [], "template": [], "boot": []}
     with F._tracked(ctx) as ids:
         first = F._new(ctx, ids, "small", "bench-template-first")  # a cold boot that asks for the template
         F._delete(ctx, first.id)
         ids.discard(first.id)
-        wait_template(ctx.srv.settings.node_dir)
+        wait_template(node_dir)
         for i in range(ctx.repeats):
-            for is_cold, samples in ((False, warm), (True, cold)):
+            wait_warm(node_dir)
+            for kind in ("pool", "template", "boot"):
                 t0 = time.perf_counter()
-                sb = Sandbox.create(type="small", name=f"bench-template-{i}", ttl=F.TTL, client=ctx.sdk, cold=is_cold)
+                sb = Sandbox.create(type="small", name=f"bench-template-{i}", ttl=F.TTL, client=ctx.sdk,
+                                    cold=kind == "boot")
                 ids.add(sb.id)
                 ctx.made.add(sb.id)
                 r = sb.exec("true")
-                samples.append(F._since(t0))
+                samples[kind].append(F._since(t0))
                 F._check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
+                got = _started_from(node_dir, sb.id)
+                F._check(got == kind, f"{sb.id} started from {got!r}, not {kind!r}")
                 F._delete(ctx, sb.id)
                 ids.discard(sb.id)
     return [
-        Row("template", "create small from its memory template → first exec (SDK)", "s", warm, ANCHORS["template"]),
-        Row("template", "create small --cold → first exec (SDK; the cold boot it replaces)", "s", cold,
+        Row("template", "create small from a warm sandbox → first exec (SDK)", "s", samples["pool"],
+            ANCHORS["template"]),
+        Row("template", "create small from its memory template (no warm one) → first exec (SDK)", "s",
+            samples["template"], ANCHORS["template"]),
+        Row("template", "create small --cold → first exec (SDK; the cold boot both replace)", "s", samples["boot"],
             ANCHORS["template"]),
     ]
 

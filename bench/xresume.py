@@ -63,7 +63,7 @@ def _server(tmp: Path, node: NodeHost) -> Iterator[BenchServer]:
 
     srv = S.start(tmp, start_timeout=300, node=slotted(SERVER_NODE, SERVER_BRIDGE, SERVER_SUBNET), log_level="info",
                   env_extra={"SBX_NODE_URL": node.url, "SBX_NODE_TOKEN": node.token,
-                             "SBX_CONSOLIDATE_SECONDS": "0", "SBX_REPLICATE_SECONDS": "0",
+                             "SBX_CONSOLIDATE_SECONDS": "0", "SBX_REPLICATE_SECONDS": "0", "SBX_WARM_POOL": "0",
                              "SBX_NODE_HEARTBEAT_SECONDS": "1", "SBX_NODE_UNREACHABLE_SECONDS": "5"})
     proc, log = srv.proc, srv.log
     try:

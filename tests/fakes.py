@@ -141,6 +141,9 @@ class FakeNode:
             self.boxes[spec.id] = _Box(spec=spec, dir=d)
         return "boot"
 
+    def pool_take(self, size: str) -> str | None:
+        return None  # the fake node keeps no warm sandboxes
+
     def exec(
         self,
         id: str,

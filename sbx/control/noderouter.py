@@ -196,6 +196,20 @@ class NodeRouter:
                 c.watch(self._on_exit)
             self._serve_egress(name, c)
 
+    def pool_take(self, size: str) -> str | None:
+        """:meth:`pool_take_on` the configured node."""
+        return self.pool_take_on(self.default_name, size)
+
+    def pool_take_on(self, node: str, size: str) -> str | None:
+        """The id of a warm sandbox of ``size`` (a size name) reserved on node ``node`` for the create about to be
+        sent there (:meth:`sbx.node.types.NodeAgent.pool_take`), or None: also when that node has none, is not
+        known here or doesn't answer (the create then goes on without one)."""
+        try:
+            return self.agent(node).pool_take(size)
+        except NodeError as e:
+            log.info("no warm sandbox from node %s: %s", node, e.message)
+            return None
+
     # --- NodeAgent: per sandbox --------------------------------------------------------------------------------
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
         return self._for(spec.id).create(spec, from_snapshot=from_snapshot, cold=cold)

@@ -13,7 +13,7 @@ from sbx.config import Size
 from sbx.control.accounts import DEFAULT_ACCOUNT
 from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, not_found
 from sbx.control.forking import ForkOps
-from sbx.control.ids import new_sandbox_id, new_subdomain
+from sbx.control.ids import ID_RE, new_sandbox_id, new_subdomain
 from sbx.control.state import TRANSIENT
 from sbx.control.store import SandboxRow, utcnow
 from sbx.node.types import NodeError
@@ -86,6 +86,7 @@ class LifecycleOps(ForkOps):
                 raise ControlError("insufficient_capacity", f"no node can take {what_new}: no node that answers "
                                    f"holds snapshot {from_snapshot}", 507)
         proxied = self.router.egress_nodes() if egress else None  # asked outside the lock
+        warm = self._warm_sandbox(account_id, size, proxied) if from_snapshot is None and not cold else None
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)
@@ -94,6 +95,7 @@ class LifecycleOps(ForkOps):
                 "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
                 no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
                 labels=dict(labels or {}), account_id=account_id, node=node,
+                sandbox_id=warm[1] if warm is not None and warm[0] == node else None,
             )
             self.meter.record_start(account_id, row.id, "create")
         sandbox_id = row.id
@@ -107,12 +109,27 @@ class LifecycleOps(ForkOps):
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return row
 
+    def _warm_sandbox(self, account_id: str, size: Size, among: set[str] | None) -> tuple[str, str] | None:
+        """``(node, id)`` of a warm sandbox of ``size`` reserved on the node a create would be placed on now
+        (:mod:`sbx.node.warmpool`), or None. Asked before the lifecycle lock is taken (a remote node answers over
+        the network), so the plan's check and the placement here are a first look: the create checks both again
+        under the lock and uses the id only when its placement picks the same node (a reserved one left unused is
+        deleted by its node a minute later). A create the plan refuses takes none."""
+        try:
+            self._plan_admit(account_id, size, "create", f"a new {size.name} sandbox")
+            node = self._place(size, f"a new {size.name} sandbox", among=among)
+        except ControlError:
+            return None  # the create itself will say why, after the plan's check
+        sid = self.router.pool_take_on(node, size.name)
+        return (node, sid) if sid is not None and ID_RE.match(sid) else None
+
     def _add_new_row(self, state: str, size: Size, name: str | None, ttl: int, env: dict[str, str],
-                     **extra: Any) -> SandboxRow:
-        """Store a new sandbox row in ``state`` with a fresh unique id and subdomain (the name defaults to the
-        subdomain) and publish its first transition. ``extra`` sets further columns (``no_snapshots``,
-        ``source_id``...)."""
-        sandbox_id = new_sandbox_id()
+                     sandbox_id: str | None = None, **extra: Any) -> SandboxRow:
+        """Store a new sandbox row in ``state`` with a fresh unique id (or ``sandbox_id``, a warm sandbox's, when
+        no row has it) and subdomain (the name defaults to the subdomain) and publish its first transition.
+        ``extra`` sets further columns (``no_snapshots``, ``source_id``...)."""
+        if sandbox_id is None or self.store.get_sandbox(sandbox_id) is not None:
+            sandbox_id = new_sandbox_id()
         while self.store.get_sandbox(sandbox_id) is not None:
             sandbox_id = new_sandbox_id()
         subdomain = new_subdomain(self.store.subdomain_taken)

@@ -31,6 +31,7 @@ The agent is split by mechanism; :class:`LocalNode` combines the parts:
 - :mod:`sbx.node.snapshots`: fork and named snapshots;
 - :mod:`sbx.node.memcopy`: a new sandbox from another's memory (fork with memory, templates), new identity;
 - :mod:`sbx.node.templates`: memory templates of the base image, per size;
+- :mod:`sbx.node.warmpool`: warm sandboxes, restored from their template before a create asks;
 - :mod:`sbx.node.stats`: status and resource samples;
 - :mod:`sbx.node.watching`: the watcher of sandboxes that ended on their own;
 - :mod:`sbx.node.reconcile`: reconcile after a crash, server shutdown, leftovers;
@@ -51,12 +52,14 @@ from sbx.node.snapshots import SnapshotMixin
 from sbx.node.stats import StatsMixin
 from sbx.node.stopresume import StopResumeMixin
 from sbx.node.templates import TemplateMixin
+from sbx.node.warmpool import WarmPoolMixin
 from sbx.node.watching import WatchMixin
 
 
 class LocalNode(
     LifecycleMixin,
     TemplateMixin,
+    WarmPoolMixin,
     MemoryCopyMixin,
     StopResumeMixin,
     ExecMixin,

@@ -38,16 +38,20 @@ class LifecycleMixin(NodeBase):
     """Create, boot, delete (part of :class:`sbx.node.agent.LocalNode`)."""
 
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
-        """See :meth:`sbx.node.types.NodeAgent.create`. Without ``from_snapshot`` and ``cold``, the size's memory
-        template is restored when one is ready (:mod:`sbx.node.templates`); a cold boot asks for the template to
-        be built. Returns how it started: ``"template"`` or ``"boot"``."""
+        """See :meth:`sbx.node.types.NodeAgent.create`. Without ``from_snapshot`` and ``cold``, a warm sandbox
+        taken for ``spec.id`` (:meth:`sbx.node.warmpool.WarmPoolMixin.pool_take`) becomes the sandbox, else the
+        size's memory template is restored when one is ready (:mod:`sbx.node.templates`); a cold boot asks for
+        the template to be built. Returns how it started: ``"pool"``, ``"template"`` or ``"boot"``."""
         with self._lock(spec.id):
             base = self.image if from_snapshot is None else self._snapshot_path(from_snapshot)
             if not base.is_file():
                 raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
-            self._new_record(spec)
             use_template = from_snapshot is None and not cold and self.settings.templates
+            if self._pool_claim(spec, use=use_template):
+                return "pool"
+            self._new_record(spec)
             if use_template and self._create_from_template(spec):
+                self._pool_fill_later(spec.size)
                 return "template"
             try:
                 disks.create_disk(base, self._disk(spec.id), spec.size.disk_mib)

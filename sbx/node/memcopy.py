@@ -51,11 +51,13 @@ def copy_image(src: Path, dst: Path, gid: int) -> None:
 class MemoryCopyMixin(NodeBase):
     """Restore another sandbox's memory under a new identity (part of :class:`sbx.node.agent.LocalNode`)."""
 
-    def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool) -> None:
+    def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool, identity: bool = True) -> None:
         """Restore the image already copied to the sandbox's memory folder (dumped at uid base ``old_base``) into
         the sandbox ``sid`` (record in phase ``creating``, disk in place) with its own identity (module
         docstring); ``clear_tmp`` empties ``/tmp`` afterwards but for what systemd made there at boot
-        (``systemd-private-*``, ``.X11-unix``...; a cold boot has them too). On success the phase is ``running``.
+        (``systemd-private-*``, ``.X11-unix``...; a cold boot has them too); ``identity`` false skips the new SSH
+        host keys (a warm sandbox gets them when it is claimed: :mod:`sbx.node.warmpool`). On success the phase is
+        ``running``.
         Raises ``NodeError("restore_failed")`` with the container removed, the disk unmounted and the image gone."""
         rec = self._record(sid)
         hostname = rec["spec"]["hostname"]
@@ -76,7 +78,7 @@ class MemoryCopyMixin(NodeBase):
             self._mark_started(sid)
             self._discard_memory(sid)
             st.mark("discard")
-            self._after_restore(sid, clear_tmp)
+            self._after_restore(sid, clear_tmp, identity)
             st.mark("after-restore")
         except (RuntimeError_, NodeError) as e:
             self._cleanup_container(sid)
@@ -87,17 +89,20 @@ class MemoryCopyMixin(NodeBase):
         st.mark("phase")
         st.done()
 
-    def _after_restore(self, sid: str, clear_tmp: bool) -> None:
+    def _after_restore(self, sid: str, clear_tmp: bool, identity: bool = True) -> None:
         """In the restored sandbox: ``/tmp`` emptied when ``clear_tmp`` (but for what systemd made there at boot:
         the PrivateTmp folders of running services are bound from there), then ``sbx-identity.service`` and
         ``ssh.service`` restarted without waiting (``--no-block``): new SSH host keys (``ssh-keygen -A`` takes
         ~0.4 s here, mostly RSA) and sshd running with them a moment after the sandbox answers. A template holds no
         host keys and no running sshd (:mod:`sbx.node.templates`), so no sandbox ever serves another's key. One
-        ``runc exec``. Raises ``RuntimeError_``."""
-        script = "systemctl --no-block restart sbx-identity.service ssh.service"
+        ``runc exec``; ``identity`` false leaves out the two restarts (nothing to run without ``clear_tmp``).
+        Raises ``RuntimeError_``."""
+        script = "systemctl --no-block restart sbx-identity.service ssh.service" if identity else "true"
         if clear_tmp:
             script = (r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' ! -name '.*-unix' "
                       rf"-exec rm -rf {{}} +; {script}")
+        elif not identity:
+            return
         self.runtime.run(sid, ["/bin/sh", "-c", script], timeout=60)
 
     def fork_memory(self, source_id: str, spec: SandboxSpec) -> None:

@@ -43,6 +43,7 @@ class ReconcileMixin(NodeBase):
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
         result: dict[str, NodeStatus] = {}
+        self._pool_forget()  # warm sandboxes are a cache (sbx.node.warmpool); those of a dead process are unknown
         self._thaw_all()  # first: a frozen root blocks CRIU, unmounts and the container's own shutdown
         # A node that died mid-operation leaves its runc commands running (they have sessions of their own):
         # stop them before looking at what they were working on.
@@ -115,9 +116,12 @@ class ReconcileMixin(NodeBase):
         out: dict[str, str] = {}
         for d in sorted(self.sandboxes_dir.iterdir()) if self.sandboxes_dir.is_dir() else []:
             try:
-                out[d.name] = str(json.loads((d / "node.json").read_text()).get("phase", "unknown"))
+                rec = json.loads((d / "node.json").read_text())
             except (OSError, ValueError):
                 out[d.name] = "unknown"
+                continue
+            if not rec.get("pooled"):  # a warm sandbox is nobody's: the reconcile removes it as unknown
+                out[d.name] = str(rec.get("phase", "unknown"))
         return out
 
     def _thaw_all(self) -> None:
@@ -165,8 +169,10 @@ class ReconcileMixin(NodeBase):
 
     def begin_shutdown(self, grace: float) -> None:
         """The server is going away: attached execs still running after ``grace`` seconds are killed and their
-        streams end with ``NodeError("server_shutdown")`` (the API sends it as the stream's error line)."""
+        streams end with ``NodeError("server_shutdown")`` (the API sends it as the stream's error line). Warm
+        sandboxes (:mod:`sbx.node.warmpool`) are deleted: nobody owns them, and none is made any more."""
         self._shutdown_at = time.monotonic() + grace
+        self._pool_forget()
 
     def cleanup_host(self) -> bool:
         """After the server stopped: when no sandbox container of this node runs any more, remove the bridge,

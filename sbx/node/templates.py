@@ -105,6 +105,7 @@ class TemplateMixin(NodeBase):
         def run() -> None:
             try:
                 self.build_template(size)
+                self._pool_fill_later(size)
             except Exception as e:  # a background build must never take the server down
                 log.warning("template %s: build failed: %s", key, e)
             finally:
@@ -181,9 +182,10 @@ class TemplateMixin(NodeBase):
         finally:
             self.delete(sid)
 
-    def _create_from_template(self, spec: SandboxSpec) -> bool:
-        """Start the new sandbox ``spec`` (record in phase ``creating``, no disk yet) from its size's template.
-        Returns False (nothing left behind) when there is no template or its restore failed: cold boot then."""
+    def _create_from_template(self, spec: SandboxSpec, identity: bool = True) -> bool:
+        """Start the new sandbox ``spec`` (record in phase ``creating``, no disk yet) from its size's template
+        (``identity`` false: without its SSH host keys, for a warm sandbox: :mod:`sbx.node.warmpool`). Returns
+        False (nothing left behind) when there is no template or its restore failed: cold boot then."""
         tdir = self.template_ready(spec.size)
         if tdir is None:
             return False
@@ -194,7 +196,7 @@ class TemplateMixin(NodeBase):
             st.mark("clone-disk")
             copy_image(tdir / "memory", self._memory(spec.id), self._uid_base(spec.id))
             st.mark("copy-image")
-            self._restore_as_new(spec.id, spec.size, old_base=int(meta["uidBase"]), clear_tmp=True)
+            self._restore_as_new(spec.id, spec.size, old_base=int(meta["uidBase"]), clear_tmp=True, identity=identity)
         except (StorageError, NodeError) as e:
             log.warning("%s: starting from template %s failed, cold booting: %s", spec.id, tdir.name, e)
             self._discard_memory(spec.id)

@@ -148,11 +148,18 @@ NodeStatus = Literal["running", "checkpointed", "stopped", "absent"]
 class NodeAgent(Protocol):
     """The operations a node offers. ``id`` arguments are sandbox ids the node has been told about."""
 
+    def pool_take(self, size: str) -> str | None:
+        """Reserve a warm sandbox of size ``size`` (a size name: one already restored from its memory template,
+        :mod:`sbx.node.warmpool`) and return its id, or None when there is none. A :meth:`create` whose spec has
+        that id then only gives it its identity; one that never comes leaves it deleted after a minute."""
+        ...
+
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
         """Make the sandbox's disk (from the base image, or a copy of snapshot ``from_snapshot``), grow it to
         ``spec.size.disk_mib``, give it a fresh identity, boot it and wait until exec works. Without
         ``from_snapshot`` and ``cold`` it restores the size's memory template instead when one is ready (the
-        sandbox still gets its own identity; :mod:`sbx.node.templates`). Returns ``"template"`` or ``"boot"``.
+        sandbox still gets its own identity; :mod:`sbx.node.templates`), or takes over the warm sandbox
+        :meth:`pool_take` gave for ``spec.id``. Returns ``"pool"``, ``"template"`` or ``"boot"``.
         Raises ``NodeError("boot_failed")``, ``NodeError("not_found")`` for an unknown snapshot."""
         ...
 

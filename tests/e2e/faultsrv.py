@@ -49,6 +49,7 @@ class FaultServer:
             "SBX_AUTO_SNAPSHOT_SECONDS": "0",
             "SBX_CONSOLIDATE_SECONDS": "0",
             "SBX_REPLICATE_SECONDS": "0",
+            "SBX_WARM_POOL": "0",
             "HOME": str(tmp / "home"),
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             **env_extra,

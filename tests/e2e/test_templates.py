@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.faultsrv import FaultServer
-from tests.e2e.helpers import poll
+from tests.e2e.helpers import identity, new_small, poll, sh
 
 pytestmark = pytest.mark.e2e
 
@@ -31,8 +31,6 @@ COUNTER = (
     "say=lambda *a:print(os.getpid(),hashlib.sha256(b).hexdigest(),flush=True);"
     "signal.signal(signal.SIGUSR1,say);say();[time.sleep(1) for _ in iter(int,1)]'"
 )
-IDENTITY = ("hostname; cat /etc/hostname; cat /etc/machine-id; ip -4 -o addr show eth0 | awk '{print $4}'; "
-            "cat /sys/class/net/eth0/address; cat /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f2")
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +46,10 @@ def _templates(f: FaultServer) -> Path:
     return Path("/var/lib/sbx/volume/nodes") / f.node / "templates"
 
 
-def _new(f: FaultServer, *args: str) -> str:
-    assert f.srv is not None
-    return f.srv.sbx("new", "--type", "small", *args, check=True).stdout.strip()
 
 
-def _sh(f: FaultServer, sid: str, cmd: str) -> str:
-    assert f.srv is not None
-    return f.srv.sbx("exec", sid, cmd, check=True).stdout
 
 
-def _identity(f: FaultServer, sid: str) -> dict[str, str]:
-    # sshd gets its new keys a moment after the sandbox answers (sbx-identity runs in the background)
-    poll(lambda: f.srv is not None and f.srv.sbx("exec", sid, "systemctl -q is-active ssh.service && "
-                                                 "test -s /etc/ssh/ssh_host_ed25519_key.pub").returncode == 0,
-         f"{sid}'s sshd with its own host keys", timeout=60)
-    lines = _sh(f, sid, IDENTITY).split("\n")
-    keys = ("hostname", "etc_hostname", "machine_id", "ip", "mac", "ssh_key")
-    return dict(zip(keys, lines[:6], strict=True))
 
 
 def _ready_template(f: FaultServer) -> dict:  # type: ignore[type-arg]
@@ -74,14 +58,14 @@ def _ready_template(f: FaultServer) -> dict:  # type: ignore[type-arg]
 
 
 def test_sandboxes_from_a_template_get_their_own_identity(fs):
-    first = _new(fs)  # the first small sandbox cold boots and asks for the template
+    first = new_small(fs)  # the first small sandbox cold boots and asks for the template
     assert fs.node_record(first)["startedFrom"] == "boot"
     meta = _ready_template(fs)
     assert meta["hostname"] == "sbx-template" and meta["size"] == "small"
     made: dict[int, str] = {}
 
     def make(i: int) -> None:
-        made[i] = _new(fs)
+        made[i] = new_small(fs)
 
     threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
     for t in threads:
@@ -93,7 +77,7 @@ def test_sandboxes_from_a_template_get_their_own_identity(fs):
         assert fs.node_record(sid)["startedFrom"] == "template"
     # each has a uid range of its own (the template's was given back once it was dumped, so one may reuse it)
     assert len({fs.node_record(s)["uidBase"] for s in (a, b, first)}) == 3
-    ida, idb, idfirst = _identity(fs, a), _identity(fs, b), _identity(fs, first)
+    ida, idb, idfirst = identity(fs, a), identity(fs, b), identity(fs, first)
     print(ida, idb, idfirst)
     for key in ida:
         assert ida[key] != idb[key], key
@@ -101,7 +85,7 @@ def test_sandboxes_from_a_template_get_their_own_identity(fs):
     assert ida["hostname"] == ida["etc_hostname"] != "sbx-template"
     assert ida["ip"].split("/")[0] == fs.node_record(a)["lease"]["address"].split("/")[0]
     for sid in (a, b):
-        out = _sh(fs, sid, "systemctl is-system-running; date +%s; "
+        out = sh(fs, sid, "systemctl is-system-running; date +%s; "
                            "ls -A /tmp | grep -v -e '^systemd-private-' -e '^\\.[A-Za-z0-9]*-unix$' | wc -l; "
                            "stat -c %U /home/user; sudo -n true && echo sudo-ok").split()
         assert out[0] == "running"
@@ -109,20 +93,20 @@ def test_sandboxes_from_a_template_get_their_own_identity(fs):
         assert out[2] == "0"  # nothing in /tmp but what systemd makes at boot
         assert out[3] == "user" and out[4] == "sudo-ok"
     # the sandboxes' disks are their own copies: a write in one is not in the other
-    _sh(fs, a, "echo only-a > ~/mark")
-    assert _sh(fs, b, "cat ~/mark 2>/dev/null || echo none").strip() == "none"
+    sh(fs, a, "echo only-a > ~/mark")
+    assert sh(fs, b, "cat ~/mark 2>/dev/null || echo none").strip() == "none"
 
 
 def test_cold_forces_a_boot(fs):
     _ready_template(fs)
-    sid = _new(fs, "--cold")
+    sid = new_small(fs, "--cold")
     assert fs.node_record(sid)["startedFrom"] == "boot"
-    assert _sh(fs, sid, "systemctl is-system-running").strip() == "running"
+    assert sh(fs, sid, "systemctl is-system-running").strip() == "running"
 
 
 def test_fork_with_memory_keeps_the_process_and_gets_a_new_identity(fs):
     assert fs.srv is not None
-    src = _new(fs)
+    src = new_small(fs)
     job = fs.srv.sbx("exec", src, "--detach", COUNTER, check=True).stdout.strip()
     first = poll(lambda: fs.srv.sbx("logs", src, job).stdout.strip(), "the counter's first line", timeout=60)
     pid, digest = first.split()[:2]
@@ -132,27 +116,27 @@ def test_fork_with_memory_keeps_the_process_and_gets_a_new_identity(fs):
     assert view["memoryRestored"] is True and view["state"] == "running"
     # the same process with the same in-sandbox PID in both; asked in the fork, it hashes the same memory
     for sid in (src, fork_id):
-        assert "python3" in _sh(fs, sid, f"cat /proc/{pid}/cmdline | tr '\\0' ' '")
-    _sh(fs, fork_id, f"kill -USR1 {pid}")
+        assert "python3" in sh(fs, sid, f"cat /proc/{pid}/cmdline | tr '\\0' ' '")
+    sh(fs, fork_id, f"kill -USR1 {pid}")
     lines = poll(lambda: (fs.srv.sbx("logs", fork_id, job).stdout.split("\n")[1:2] or [""])[0].strip(),
                  "the fork's counter to answer SIGUSR1", timeout=60)
     assert lines.split() == [pid, digest]
     assert len(fs.srv.sbx("logs", src, job).stdout.strip().split("\n")) == 1  # the source's output is its own
-    ida, ids = _identity(fs, fork_id), _identity(fs, src)
+    ida, ids = identity(fs, fork_id), identity(fs, src)
     for key in ida:
         assert ida[key] != ids[key], key
     # they diverge: a file and a process in one are not in the other
-    _sh(fs, fork_id, "echo fork > ~/who; sleep 1000 >/dev/null 2>&1 &")
-    _sh(fs, src, "echo src > ~/who")
-    assert _sh(fs, fork_id, "cat ~/who").strip() == "fork"
-    assert _sh(fs, src, "cat ~/who").strip() == "src"
-    assert "sleep 1000" not in _sh(fs, src, "ps -eo args")
-    assert "python3" in _sh(fs, src, f"cat /proc/{pid}/cmdline | tr '\\0' ' '")  # the source kept its PID
+    sh(fs, fork_id, "echo fork > ~/who; sleep 1000 >/dev/null 2>&1 &")
+    sh(fs, src, "echo src > ~/who")
+    assert sh(fs, fork_id, "cat ~/who").strip() == "fork"
+    assert sh(fs, src, "cat ~/who").strip() == "src"
+    assert "sleep 1000" not in sh(fs, src, "ps -eo args")
+    assert "python3" in sh(fs, src, f"cat /proc/{pid}/cmdline | tr '\\0' ' '")  # the source kept its PID
 
 
 def test_plain_fork_keeps_memory_restored_null(fs):
     assert fs.srv is not None
-    src = _new(fs)
+    src = new_small(fs)
     fork = fs.srv.sbx("fork", src, "--wait", check=True).stdout.strip().splitlines()[-1]
     view = json.loads(fs.srv.sbx("info", fork, "--json", check=True).stdout)["sandbox"]
     assert view["memoryRestored"] is None
@@ -160,7 +144,7 @@ def test_plain_fork_keeps_memory_restored_null(fs):
 
 def test_fork_with_memory_of_a_stopped_sandbox_is_refused(fs):
     assert fs.srv is not None
-    src = _new(fs)
+    src = new_small(fs)
     fs.srv.sbx("stop", src, "--wait", check=True)
     r = fs.srv.sbx("fork", src, "--memory", "--json")
     assert r.returncode != 0 and re.search(r"invalid_state|not_running", r.stdout + r.stderr)
@@ -171,7 +155,7 @@ def test_server_killed_mid_template_build_leaves_nothing_half_made(tmp_path):
     try:
         f.start(SBX_TEST_HOLD_TEMPLATE="60")
         tdir = _templates(f)
-        sid = _new(f)  # cold boot; the template build starts in the background and holds half assembled
+        sid = new_small(f)  # cold boot; the template build starts in the background and holds half assembled
         poll(lambda: (tdir / "build-hold").exists(), "the template build to hold", timeout=300, interval=0.1)
         assert list(tdir.glob("*.tmp")) and not list(tdir.glob("*/template.json"))
         f.kill9()
@@ -182,9 +166,9 @@ def test_server_killed_mid_template_build_leaves_nothing_half_made(tmp_path):
         assert sorted(p.name for p in sandboxes.iterdir()) == [sid]  # the hidden build sandbox is gone
         assert not list(Path(f"/run/sbx/{f.node}/runc").glob("sb_tpl*"))
         # the next cold boot builds it again, completely, and the one after comes from it
-        _new(f)
+        new_small(f)
         _ready_template(f)
-        later = _new(f)
+        later = new_small(f)
         assert f.node_record(later)["startedFrom"] == "template"
     finally:
         f.close()

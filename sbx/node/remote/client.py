@@ -214,6 +214,9 @@ class RemoteNode(EgressClient):
         return self._call("promote_replica", id)  # type: ignore[no-any-return]
 
     # --- NodeAgent ----------------------------------------------------------------------------------------------
+    def pool_take(self, size: str) -> str | None:
+        return self._call("pool_take", size)  # type: ignore[no-any-return]
+
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:
         return self._call("create", spec, from_snapshot=from_snapshot, cold=cold)  # type: ignore[no-any-return]
 

@@ -42,7 +42,8 @@ DATACLASSES: dict[str, type] = {
 #: NodeAgent methods served by ``POST /v1/node/call/<name>`` (plain request and answer). ``exec``, ``spawn``,
 #: ``watch`` and ``unwatch`` have their own transports; a new plain method is one name here.
 CALLS = frozenset({
-    "create", "exec_detached", "kill_job", "jobs", "job_output", "stop", "resume", "fork", "fork_stopped", "snapshot",
+    "create", "pool_take", "exec_detached", "kill_job", "jobs", "job_output", "stop", "resume", "fork", "fork_stopped",
+    "snapshot",
     "delete_snapshot", "snapshots", "delete", "stats", "status", "address", "reconcile", "info",
     # live migration (sbx.node.migration): the destination prepares and may drop an arrival; the source moves
     "migrate_prepare", "migrate_abort", "migrate_out",
