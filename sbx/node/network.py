@@ -70,6 +70,17 @@ def mac_for(host_veth: str) -> str:
     return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
 
 
+def bridge_mac(bridge: str) -> str:
+    """The stable, locally administered MAC address of the bridge ``bridge`` (from its name). Set explicitly, it
+    stays: a bridge without one takes the lowest MAC of its ports and changes it whenever a sandbox's port joins
+    or leaves, and every other sandbox's cached gateway MAC then points nowhere until its neighbour entry expires.
+    Measured: a live migration's reset (sent at the freeze) was dropped on the old MAC, so the peer hung, while a
+    template build's port came and went (the kernel's ``br_stp_recalculate_bridge_id`` keeps an address only
+    when it was set: ``NET_ADDR_SET``)."""
+    digest = hashlib.sha256(f"bridge:{bridge}".encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+
+
 def gateway_of(subnet: str) -> ipaddress.IPv4Interface:
     """The bridge's own address: the first host of ``subnet``."""
     net = ipaddress.IPv4Network(subnet)
@@ -188,17 +199,20 @@ add rule bridge {table} prerouting drop
 
 def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy | None = None,
                   proxy_port: int = 0) -> None:
-    """Create (idempotently) the bridge with the gateway address, enable IPv4 forwarding, set strict ``rp_filter``
-    on the bridge, (re)load this node's ``inet`` table with ``egress`` (default: :class:`EgressPolicy`'s fixed
-    deny list, no exceptions) and the egress proxy's redirect to ``proxy_port`` (0: none; the ``egress_proxied``
-    set starts empty, see :func:`set_proxied`) and load its ``bridge`` pinning table, keeping the pins of running
-    sandboxes.
+    """Create (idempotently) the bridge with the gateway address and its fixed MAC (:func:`bridge_mac`), enable IPv4
+    forwarding, set strict ``rp_filter`` on the bridge, (re)load this node's ``inet`` table with ``egress``
+    (default: :class:`EgressPolicy`'s fixed deny list, no exceptions) and the egress proxy's redirect to
+    ``proxy_port`` (0: none; the ``egress_proxied`` set starts empty, see :func:`set_proxied`) and load its
+    ``bridge`` pinning table, keeping the pins of running sandboxes.
     Raises :class:`sbx.node.nft.NftError` if nft rejects the ruleset."""
     gw = gateway_of(subnet)
     with IPRoute() as ipr:
         if not ipr.link_lookup(ifname=bridge):
             ipr.link("add", ifname=bridge, kind="bridge")
         idx = ipr.link_lookup(ifname=bridge)[0]
+        mac = bridge_mac(bridge)
+        if ipr.get_links(idx)[0].get_attr("IFLA_ADDRESS") != mac:
+            ipr.link("set", index=idx, address=mac)  # set once, so ports coming and going never change it
         addrs = {a.get_attr("IFA_ADDRESS") for a in netlink.dump(ipr.get_addr, index=idx, family=2)}
         if str(gw.ip) not in addrs:
             ipr.addr("add", index=idx, address=str(gw.ip), prefixlen=gw.network.prefixlen)
