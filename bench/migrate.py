@@ -131,8 +131,7 @@ def _working_set(ctx: Ctx, hosts: list[tuple[RemoteNode, str]], label: str, mib:
             ctx.say(f"  {label} move {i + 1}: {totals[-1]:.2f} s, paused {pauses[-1]:.2f} s (at disk delta "
                     f"{figures['finalDiskS']:.2f}, dump {dumps[-1]:.2f}, sent {sent[-1]:.2f}, restored "
                     f"{figures['restoredS']:.2f}: disk "
-                    f"{figures['diskS']:.2f} + restore {restores[-1]:.2f}; source copy deleted after "
-                    f"{figures['sourceDeleteS']:.2f}), memory "
+                    f"{figures['diskS']:.2f} + restore {restores[-1]:.2f}), memory "
                     f"{figures['memoryBytes'] >> 20} MiB, disk deltas {figures['baseBytes'] >> 20}+"
                     f"{figures['finalBytes'] >> 20} MiB, load {loadavg():.2f}")
     finally:

@@ -81,6 +81,9 @@ class NodeBase:
         self._pool_taken: dict[str, tuple[str, float]] = {}
         self._pool_filling: set[str] = set()
         self._pool_guard = threading.Lock()
+        # copies a live migration left here, being deleted in the background (sbx.node.migration), by id
+        self._departing: dict[str, threading.Thread] = {}
+        self._departing_guard = threading.Lock()
         self._egress: EgressProxy | None = None  # the credential proxy, once prepare started it
         self._egress_ids: set[str] = set()  # sandboxes whose traffic goes through it
 
@@ -431,3 +434,5 @@ class NodeBase:
         def delete(self, id: str) -> None: ...
 
         def _reconcile_migration(self, sid: str, rec: dict[str, Any]) -> str | None: ...
+
+        def departed(self, id: str, timeout: float = 60.0) -> None: ...

@@ -17,7 +17,9 @@ The steps (the destination's side is :mod:`sbx.node.migration_in`):
      --leave-running --page-server`` (the container stays paused): the pages go to the destination's page server
      while CRIU dumps them, the other images are streamed afterwards;
    - the destination restores and pauses the copy; the source marks itself ``handover`` and tells it to go on;
-     once the destination confirms, the source deletes its copy.
+     once the destination confirms, ``migrate_out`` answers and the source deletes its copy in the background
+     (:meth:`MigrationMixin._depart`: the copy stays paused in phase ``handover`` meanwhile, and a restart
+     before the delete settles it as below).
 3. any failure before the confirmation: the destination's arrival is aborted (best effort; a destination that
    is down removes it at its next start), the source's container is unpaused and the sandbox runs on with its
    processes; ``migrate_out`` raises ``NodeError("migration_failed")`` saying which step failed and why.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -154,10 +157,10 @@ class MigrationMixin(IncomingMixin):
         "finalDiskS" (pause to the disk's last delta made), "dumpS" (pause to the disk delta and memory image made;
         with a page server the pages are sent meanwhile), "freezeToSentS" (pause to everything sent),
         "restoredS" (pause to the destination's restore answered), "diskS" and "restoreS" (the destination's disk
-        rebuild and its ``runc restore``), "sourceDeleteS" (the confirmation to this node's copy deleted, after the
-        pause), "baseBytes", "finalBytes", "memoryBytes", "resetConnections", "resetSockets" (as ``ss`` printed
-        them), "fullDisk"}`` (seconds, bytes).
-        Afterwards the sandbox is gone from this node.
+        rebuild and its ``runc restore``), "baseBytes", "finalBytes", "memoryBytes", "resetConnections",
+        "resetSockets" (as ``ss`` printed them), "fullDisk"}`` (seconds, bytes).
+        Afterwards the sandbox runs on the destination; its copy here, paused, is deleted in the background
+        (:meth:`_depart`).
 
         Raises ``NodeError``: ``not_found``, ``not_running``, ``migration_failed`` (the sandbox runs on here; the
         message names the step: ``pre-copy``, ``freeze``, ``dump``, ``send``, ``restore``, ``confirm``),
@@ -234,9 +237,7 @@ class MigrationMixin(IncomingMixin):
             raise NodeError("migration_unconfirmed",
                             f"the destination {target} restored sandbox {id} but can't be asked whether it took "
                             "over; it stays paused here until the destination answers")
-        done = time.monotonic()
-        figures.update(pauseS=(confirmed[0] if confirmed else done) - t_pause,
-                       sourceDeleteS=done - confirmed[0] if confirmed else None)
+        figures["pauseS"] = (confirmed[0] if confirmed else time.monotonic()) - t_pause
         return figures
 
     def _send(self, http: httpx.Client, id: str, stage: str, files: list[Path]) -> None:
@@ -266,9 +267,10 @@ class MigrationMixin(IncomingMixin):
     def _hand_over(self, id: str, http: httpx.Client, wait: float = 15.0,
                    on_confirmed: Callable[[], None] | None = None) -> bool:
         """Tell the destination to go on and settle who runs the sandbox: True when the destination took over
-        (this node's copy is deleted), False when it can't be asked (the copy stays paused, phase ``handover``).
+        (this node's copy is being deleted: :meth:`_depart`), False when it can't be asked (the copy stays
+        paused, phase ``handover``).
         A destination that says it did not take over gets the sandbox back here (``migration_failed``).
-        ``on_confirmed`` is called once the destination said it runs the sandbox, before this node's copy goes."""
+        ``on_confirmed`` is called once the destination said it runs the sandbox."""
         confirmed = on_confirmed or (lambda: None)
         deadline = time.monotonic() + wait
         sent = False
@@ -277,7 +279,7 @@ class MigrationMixin(IncomingMixin):
                 if not sent:
                     _answer(http.post(f"/v1/node/migrate/{id}/confirm"), "confirm")
                     confirmed()
-                    self.delete(id)
+                    self._depart(id)
                     return True
                 state = (_answer(http.get(f"/v1/node/migrate/{id}"), "state") or {}).get("state")
             except httpx.ConnectError as e:
@@ -291,7 +293,7 @@ class MigrationMixin(IncomingMixin):
                 sent, state = True, None
             if state == "running":
                 confirmed()
-                self.delete(id)
+                self._depart(id)
                 return True
             if state is not None:
                 self._take_back(id, http)
@@ -299,6 +301,35 @@ class MigrationMixin(IncomingMixin):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.5)
+
+    def _depart(self, id: str) -> None:
+        """Delete this node's copy of ``id``, which the destination now runs, in a thread of its own: it waits for
+        the sandbox's lock (the move's caller holds it until it answers) and takes 0.1–0.3 s (the container's
+        kill, its network and mounts) that the move's caller no longer waits for. The copy is paused and in phase
+        ``handover`` until then; an agent killed before the delete finds it at its next start and settles it
+        with the destination (:meth:`_reconcile_migration`). :meth:`departed` waits for it."""
+        def run() -> None:
+            try:
+                self.delete(id)
+            except Exception:  # noqa: BLE001 (a thread's last resort: the reconcile at start retries)
+                log.exception("%s: deleting the copy left by its migration failed", id)
+            finally:
+                with self._departing_guard:
+                    if self._departing.get(id) is thread:
+                        del self._departing[id]
+
+        thread = threading.Thread(target=run, name=f"sbx-depart-{id}", daemon=True)
+        with self._departing_guard:
+            self._departing[id] = thread
+        thread.start()
+
+    def departed(self, id: str, timeout: float = 60.0) -> None:
+        """Wait (up to ``timeout`` seconds) until the copy of ``id`` a migration left here is deleted
+        (:meth:`_depart`); at once when there is none. A migration back to this node waits for it first."""
+        with self._departing_guard:
+            thread = self._departing.get(id)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _reconcile_migration(self, sid: str, rec: dict[str, Any]) -> str | None:
         """After a restart of this agent: a sandbox caught in ``migrating`` is thawed and runs on here; one in

@@ -107,6 +107,7 @@ class IncomingMixin(NodeBase):
         if diff:
             raise NodeError("cpu_mismatch", f"the source node differs from this one in {', '.join(diff)}: its "
                                             "memory can't be restored here")
+        self.departed(spec.id)  # moving back here right after it left: its old copy goes first
         with self._lock(spec.id):
             if (self._dir(spec.id) / "node.json").is_file():
                 raise NodeError("exists", f"sandbox {spec.id} is already on this node")

@@ -172,8 +172,8 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
                             f"import socket; print(socket.create_connection(('{addr_b}', 7070), 10).recv(6))"],
                            capture_output=True, text=True, timeout=60)
     assert hello.stdout.strip() == "b'hello\\n'", hello.stderr
-    # gone from A
-    assert not sandbox_dir(a, sid).exists()
+    # gone from A (its copy there is deleted in the background once B confirmed)
+    poll(lambda: not sandbox_dir(a, sid).exists(), "the copy on A to be deleted", timeout=30)
     try:
         gone = str(src.status(sid))
     except NodeError as e:
@@ -238,6 +238,24 @@ def test_kill9_of_the_destination_halfway_leaves_the_sandbox_running_on_its_sour
     b.start()
     assert not sandbox_dir(b, sid).exists()
     assert client(b).status(sid) == "absent"
+    src.delete(sid)
+
+
+def test_a_sandbox_moved_back_at_once_waits_for_its_old_copy_to_go(nodes: tuple[NodeHost, NodeHost]) -> None:
+    """A move answers once the destination confirmed, and the source deletes its paused copy afterwards; a move
+    straight back to that node waits for that delete instead of answering ``exists``, and the sandbox keeps its
+    process and memory through both moves."""
+    a, b = nodes
+    src, dst = client(a), client(b)
+    spec = new_sandbox(a)
+    sid = spec.id
+    before = holder_check(src, sid)
+    there = migrate(src, dst, b.url, spec)
+    back = migrate(dst, src, a.url, spec)
+    assert there["pauseS"] > 0 and back["pauseS"] > 0
+    assert holder_check(src, sid) == before
+    poll(lambda: not sandbox_dir(b, sid).exists(), "the copy on B to be deleted", timeout=30)
+    assert src.status(sid) == "running"
     src.delete(sid)
 
 
