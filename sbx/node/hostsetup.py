@@ -14,7 +14,8 @@
 
    - ``criu_dir/criu`` (what runc's ``--criu`` flag points at) and the same in ``criu_dir/bin/criu``;
    - ``criu_dir/bin/iptables``, ``iptables-restore``, ``iptables-save`` and the ``ip6tables`` ones (sid's
-     nft-based iptables, for CRIU's network lock); put ``criu_dir/bin`` first on ``PATH`` to use them;
+     nft-based iptables, for CRIU's network lock of images dumped with one: sbx's own skip it); put
+     ``criu_dir/bin`` first on ``PATH`` to use them;
 
 3. the reflink XFS data volume (:func:`sbx.storage.volume.ensure_volume`);
 4. the base image (:func:`sbx.node.image.ensure_image`).
