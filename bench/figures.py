@@ -27,6 +27,7 @@ from bench import storage
 from bench.density import fig_density
 from bench.egress import fig_egress
 from bench.memfigs import fig_forkmem, fig_template
+from bench.migclient import fig_migclient
 from bench.migrate import fig_migrate
 from bench.remote import fig_remote
 from bench.report import Anchor, Row
@@ -228,6 +229,22 @@ while True:
 """
 
 
+def start_holder(sb: Sandbox, mib: int, label: str) -> str:
+    """Start :data:`HOLDER` detached in ``sb`` holding ``mib`` MiB and wait until it is ready; its PID. Raises
+    ``RuntimeError`` when it does not get ready within 300 s."""
+    r = sb.exec(f"cat > ~/bench-ws.py <<'PYEOF'\n{HOLDER}PYEOF")
+    _check(r.exit_code == 0, f"writing the holder script: {r.stderr}")
+    sb.exec_detached(f"python3 ~/bench-ws.py {mib}")
+    deadline = time.monotonic() + 300
+    pid = ""
+    while not pid:
+        _check(time.monotonic() < deadline, f"the {label} holder did not get ready")
+        pid = sb.exec("cat ~/bench-ws.ready 2>/dev/null").stdout.strip()
+        if not pid:
+            time.sleep(0.2)
+    return pid
+
+
 def _working_set(ctx: Ctx, figure: str, mib: int, type: str, runs: int,
                  resume_anchor: Anchor = ANCHORS["resume"]) -> list[Row]:
     """Stop --wait, then resume --wait until an exec answers, ``runs`` times on one sandbox of ``type`` whose
@@ -237,16 +254,7 @@ def _working_set(ctx: Ctx, figure: str, mib: int, type: str, runs: int,
     stops, resumes, images = [], [], []
     with _tracked(ctx) as ids:
         sb = _new(ctx, ids, type, f"bench-{figure}")
-        r = sb.exec(f"cat > ~/bench-ws.py <<'PYEOF'\n{HOLDER}PYEOF")
-        _check(r.exit_code == 0, f"writing the holder script: {r.stderr}")
-        sb.exec_detached(f"python3 ~/bench-ws.py {mib}")
-        deadline = time.monotonic() + 300
-        pid = ""
-        while not pid:
-            _check(time.monotonic() < deadline, f"the {label} holder did not get ready")
-            pid = sb.exec("cat ~/bench-ws.ready 2>/dev/null").stdout.strip()
-            if not pid:
-                time.sleep(0.2)
+        pid = start_holder(sb, mib, label)
         rss = sb.exec(f"awk '/VmRSS/ {{print $2}}' /proc/{pid}/status").stdout.strip()
         ctx.say(f"  {label} held by pid {pid} (VmRSS {int(rss or 0) // 1024} MiB) in a {type} sandbox")
         mem_dir = ctx.srv.settings.node_dir / "sandboxes" / sb.id / "memory"
@@ -427,14 +435,15 @@ FIGURES: dict[str, Callable[[Ctx], list[Row]]] = {
     "template": fig_template,
     "forkmem": fig_forkmem,
     "migrate": fig_migrate,
+    "migclient": fig_migclient,
     "remote": fig_remote,
     "xresume": fig_xresume,
 }
 """Figure name (what ``--only`` takes) -> function, in the order they run."""
 
-OPT_IN = {"density", "migrate", "remote", "xresume"}
-"""Figures that run only when ``--only`` names them: density takes a quarter of an hour or more; migrate, remote
-and xresume make network namespaces with node agents in them (:mod:`bench.migrate`, :mod:`bench.remote`,
-:mod:`bench.xresume`)."""
+OPT_IN = {"density", "migrate", "migclient", "remote", "xresume"}
+"""Figures that run only when ``--only`` names them: density takes a quarter of an hour or more; migrate,
+migclient, remote and xresume make network namespaces with node agents in them (:mod:`bench.migrate`,
+:mod:`bench.migclient`, :mod:`bench.remote`, :mod:`bench.xresume`)."""
 
-NEEDS_SERVER = set(FIGURES) - {"disk", "migrate", "xresume"}
+NEEDS_SERVER = set(FIGURES) - {"disk", "migrate", "migclient", "xresume"}

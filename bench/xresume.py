@@ -82,6 +82,25 @@ def _server(tmp: Path, node: NodeHost) -> Iterator[BenchServer]:
             print(f"bench: the xresume server exited with {code}; log: {log}")
 
 
+@contextmanager
+def two_nodes(ctx: Ctx, tmp: Path) -> Iterator[tuple[BenchServer, list[NodeHost]]]:
+    """Nodes :data:`NODES` in network namespaces of their own with their agents, and a server (:func:`_server`)
+    whose configured node is the first, the second added with ``sbx node add``; yields ``(server, nodes)``. On exit
+    the server, the agents and the namespaces go. Raises ``RuntimeError`` when the add does not answer ready."""
+    from tests.nodenet import node_netns_many
+
+    with ExitStack() as stack:
+        nodes = stack.enter_context(node_netns_many(list(NODES), tmp))
+        for n in nodes:
+            n.start()
+        srv = stack.enter_context(_server(tmp / "server", nodes[0]))
+        added = json.loads(srv.sbx("node", "add", nodes[1].url, "--token", nodes[1].token, "--json").stdout)["node"]
+        if (added["name"], added["status"]) != (nodes[1].node_name, "ready"):
+            raise RuntimeError(f"sbx node add gave {added}")
+        ctx.say(f"  server on {nodes[0].node_name}, added {added['name']} ({added['url']})")
+        yield srv, nodes
+
+
 def _moves(log: Path, sid: str) -> list[dict[str, Any]]:
     """The server log's move lines for ``sid``, oldest first: ``{"src", "dst", "bytes", "files", "delta",
     "memory", "seconds"}``."""
@@ -120,16 +139,7 @@ def _working_set(ctx: Ctx, srv: BenchServer, nodes: list[NodeHost], label: str, 
             sb = Sandbox.create(type=type, name=f"bench-xresume-{mib}", ttl=F.TTL, client=sdk)
             ids.add(sb.id)
             F._check(sb.data.get("node") == names[0], f"{sb.id} was placed on {sb.data.get('node')}")
-            r = sb.exec(f"cat > ~/bench-ws.py <<'PYEOF'\n{F.HOLDER}PYEOF")
-            F._check(r.exit_code == 0, f"writing the holder script: {r.stderr}")
-            sb.exec_detached(f"python3 ~/bench-ws.py {mib}")
-            deadline = time.monotonic() + 300
-            pid = ""
-            while not pid:
-                F._check(time.monotonic() < deadline, f"the {label} holder did not get ready")
-                pid = sb.exec("cat ~/bench-ws.ready 2>/dev/null").stdout.strip()
-                if not pid:
-                    time.sleep(0.2)
+            pid = F.start_holder(sb, mib, label)
             ctx.say(f"  {label} held by pid {pid} in a {type} sandbox {sb.id} on {names[0]}")
             here = 0
             for i in range(runs):
@@ -187,32 +197,22 @@ def fig_xresume(ctx: Ctx) -> list[Row]:
     gone)."""
     import pytest
 
-    from tests.nodenet import node_netns_many
-
     rows: list[Row] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="sbx-bench-xr-") as tmp, ExitStack() as stack:
-            nodes = stack.enter_context(node_netns_many(list(NODES), Path(tmp)))
-            for n in nodes:
-                n.start()
+        with tempfile.TemporaryDirectory(prefix="sbx-bench-xr-") as tmp:
             try:
-                with _server(Path(tmp) / "server", nodes[0]) as srv:
-                    added = json.loads(srv.sbx("node", "add", nodes[1].url, "--token", nodes[1].token,
-                                               "--json").stdout)["node"]
-                    if (added["name"], added["status"]) != (nodes[1].node_name, "ready"):
-                        raise RuntimeError(f"sbx node add gave {added}")
-                    ctx.say(f"  server on {nodes[0].node_name}, added {added['name']} ({added['url']})")
+                with two_nodes(ctx, Path(tmp)) as (srv, nodes):
                     for label, mib, type, most in SETS:
                         runs = min(ctx.repeats, most) if most else ctx.repeats
                         rows += _working_set(ctx, srv, nodes, label, mib, type, runs)
             except Exception as e:
-                raise RuntimeError(f"{e} (logs kept in {_keep_logs(Path(tmp))})") from e
+                raise RuntimeError(f"{e} (logs kept in {keep_logs(Path(tmp))})") from e
     except pytest.fail.Exception as e:  # tests.nodenet reports a node that did not start this way
         raise RuntimeError(str(e)) from None
     return rows
 
 
-def _keep_logs(tmp: Path) -> Path:
+def keep_logs(tmp: Path) -> Path:
     """Copy the server's and the node agents' logs out of ``tmp`` (removed afterwards) to a new folder; its path."""
     kept = Path(tempfile.mkdtemp(prefix="sbx-bench-xr-logs-"))
     for log in [tmp / "server" / "server.log", *tmp.glob("node*/node-*.log")]:

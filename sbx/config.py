@@ -172,6 +172,8 @@ class Settings:
     """Seal replicas (:mod:`sbx.control.replicas`): seconds between two passes of the loop that copies each stopped
     sandbox's disk and memory image to a second node, so it can resume there when its own node is gone (also
     right after each stop). 0 = off."""
+    drain_parallel: int = 2
+    """Sandboxes a drain (``sbx node drain``, consolidation: :mod:`sbx.control.drain`) moves at once."""
     consolidate_seconds: float = 300.0
     """Consolidation (issue 11, :mod:`sbx.control.packing`): seconds between two passes of the loop that empties a
     lightly used node onto fuller ones (live migration for running sandboxes) and reports it removable. 0 = off."""
@@ -265,6 +267,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_NODE_HEARTBEAT_SECONDS": ("node_heartbeat_seconds", float),
     "SBX_NODE_UNREACHABLE_SECONDS": ("node_unreachable_seconds", float),
     "SBX_STATS_SAMPLE_SECONDS": ("stats_sample_seconds", float),
+    "SBX_DRAIN_PARALLEL": ("drain_parallel", int),
     "SBX_CONSOLIDATE_SECONDS": ("consolidate_seconds", float),
     "SBX_REPLICATE_SECONDS": ("replicate_seconds", float),
     "SBX_CONSOLIDATE_LIGHT_FRACTION": ("consolidate_light_fraction", float),

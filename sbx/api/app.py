@@ -73,6 +73,7 @@ from sbx.api.models import (
     CreateSandbox,
     ExecCommand,
     ForkSandbox,
+    MigrateSandbox,
     ResumeSandbox,
     SnapshotSandbox,
     StartJob,
@@ -276,15 +277,17 @@ def create_app(
 
     @v1.post("/sandboxes/{sandbox_id}/migrate", status_code=202, tags=["nodes"], response_model=S.SandboxOut,
              responses={**S.errors(403, 404, 409, 502, 507), **_DONE})
-    def migrate_sandbox(sandbox_id: str, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
-                        ) -> JSONResponse:
-        """Move the running sandbox to another node while it runs (admin key: nodes are the installation's):
-        placement picks a ready node with room and the same CPU, kernel and CRIU; same id, URL, processes and
-        memory, one short pause. 507 ``insufficient_capacity`` when no other node may take it, 409
-        ``not_running``. A move that fails leaves it running where it was, with ``error`` set (``?wait=true``
-        answers that error)."""
+    def migrate_sandbox(sandbox_id: str, body: MigrateSandbox | None = None, wait_: bool = WaitQ,
+                        timeout: float = TimeoutQ, who: Principal = Who) -> JSONResponse:
+        """Move the running sandbox to another node while it runs (admin key: nodes are the installation's): to
+        node ``to`` when given, else placement picks a ready node with room and the same CPU, kernel and CRIU;
+        same id, URL, processes and memory, one short pause. 507 ``insufficient_capacity`` when no other node (or
+        not ``to``) may take it, saying why; 404 for an unknown ``to``; 409 ``not_running``, or
+        ``invalid_destination`` when ``to`` is the node it runs on. A move that fails leaves it running where it
+        was, with ``error`` set (``?wait=true`` answers that error)."""
         require_admin(who)
-        return accepted(cp.migrate(sandbox_id), wait_, timeout)
+        to = body.to if body is not None else None
+        return accepted(cp.migrate(sandbox_id, to=to), wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
              responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})

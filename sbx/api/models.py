@@ -176,6 +176,14 @@ class StopSandbox(_Body):
     keep_memory: bool = Field(True, alias="keepMemory")
 
 
+class MigrateSandbox(_Body):
+    """``POST /v1/sandboxes/{id}/migrate``: ``to``, the node to move to (a NAME of ``GET /v1/nodes``); without it
+    placement picks one."""
+
+    to: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                           description="the destination node; default: the ready node with the most room")
+
+
 class ResumeSandbox(_Body):
     """``POST /v1/sandboxes/{id}/resume``: ``type`` to grow to, ``requireMemory`` to refuse a cold boot,
     ``ttl`` to replace the sandbox's ttl."""

@@ -170,6 +170,8 @@ class Drain(_Out):
     startedAt: str
     finishedAt: str | None
     empty: bool | None
+    resumes: int = Field(0, description="times a server took this drain over after the one running it was gone "
+                                        "(killed, or restarted)")
     sandboxes: list[DrainItem]
 
 

@@ -16,6 +16,7 @@ Verbs::
     sbx new|fork ... --secret NAME
     sbx server | setup | doctor
     sbx node serve [--host H] [--port P] | node list [--json] | node cordon NODE | node uncordon NODE
+    sbx node drain NODE [--wait] | migrate ID [--to NODE] [--wait] [--json]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ app.command("server", rich_help_panel="Machine")(admin.server)
 app.command("setup", rich_help_panel="Machine")(admin.setup)
 app.command("doctor", rich_help_panel="Machine")(admin.doctor)
 app.add_typer(nodes.app, name="node", rich_help_panel="Machine")
+app.command("migrate", rich_help_panel="Machine")(nodes.migrate)
 
 if __name__ == "__main__":
     app()

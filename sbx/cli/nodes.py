@@ -6,7 +6,8 @@ token (``SBX_NODE_TOKEN``, or one it makes in ``<state_dir>/node-token``). A ser
 ``SBX_NODE_URL=http://HOST:PORT SBX_NODE_TOKEN=... sbx server``. ``sbx node list [--json]``, ``sbx node cordon NODE``,
 ``sbx node uncordon NODE``, ``sbx node drain NODE`` and ``sbx node consolidation`` ask the server about its registry
 (:mod:`sbx.control.registry`), its drains and its consolidation loop; ``sbx node add URL --token T`` and
-``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.noderouter`).
+``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.noderouter`); ``sbx migrate ID
+[--to NODE]`` (a top-level verb) live-migrates one running sandbox.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import typer
 
 from sbx.cli.admin import SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
-from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, print_json, print_table
+from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, print_json, print_table, spinner
 from sbx.config import load_settings
 from sbx.sdk import protocol as P
 
@@ -188,6 +189,35 @@ def drain(
                   "stay", markup=False)
     if wait and not d["empty"]:
         raise typer.Exit(1)
+
+
+@handle_errors
+def migrate(
+    sandbox_id: str = typer.Argument(..., help="Sandbox id (a running sandbox)."),
+    to: str = typer.Option(None, "--to", help="The destination node (a NAME of `sbx node list`); default: the "
+                                              "ready node with the most room and the same CPU, kernel and CRIU."),
+    wait: bool = typer.Option(False, "--wait", help="Return once it runs on the destination."),
+    json_: bool = JSON_OPT,
+) -> None:
+    """Move a running sandbox to another node while it runs (admin key): same id, URL, processes and memory,
+    one short pause. A move that fails leaves it running where it was (exit 1 with the reason, with --wait)."""
+    with client() as c:
+        before = c.run(P.get(sandbox_id)) if wait and not json_ else None
+        with spinner(f"migrating {sandbox_id}", wait and not json_):
+            sb = c.run(P.migrate(sandbox_id, to, wait))
+        moved = None
+        if before is not None:
+            moved = next((e for e in reversed(c.run(P.events(sandbox_id))) if e.get("event") == "migrated"), None)
+    if json_:
+        print_json({"sandbox": sb})
+    elif not wait:
+        out.print(f"{sb['id']} migrating from {sb['node']} (`sbx info {sb['id']}` shows where it runs)",
+                  markup=False)
+    elif before is not None and moved is not None and sb["node"] != before["node"]:
+        out.print(f"{sb['id']} migrated {moved['from']} -> {moved['to']} in {moved.get('totalS') or 0:.2f} s, "
+                  f"paused {moved.get('pauseS') or 0:.2f} s", markup=False)
+    else:
+        out.print(f"{sb['id']} {sb['state']} on {sb['node']}", markup=False)
 
 
 @app.command("consolidation")

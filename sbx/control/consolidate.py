@@ -57,6 +57,7 @@ class Consolidator(LeaderLoop):
         self._drain_node: str | None = None
         self._outcome: str | None = None
         self._resting: dict[str, float] = {}
+        control.drains.finishers[CONSOLIDATION_REASON] = self._drained  # also for one taken over from a dead replica
 
     @property
     def rules(self) -> Rules:
@@ -104,7 +105,7 @@ class Consolidator(LeaderLoop):
                 log.info("consolidation: %s", plan.reason)
                 with self._guard:
                     self._drain_node, self._outcome = plan.node, None
-                cp.drains.start(plan.node, plan.moves, reason=CONSOLIDATION_REASON, on_done=self._drained)
+                cp.drains.start(plan.node, plan.moves, reason=CONSOLIDATION_REASON)
             elif plan.action == "return" and plan.node is not None:
                 log.info("consolidation: %s", plan.reason)
                 cp.registry.cordon(plan.node, False)

@@ -60,22 +60,33 @@ class MigrateOps(MoveOps):
         return {n: "it is this server's embedded node (no node API to receive a live migration)"
                 for n, (url, _a) in self.router.agents().items() if url == "local"}
 
-    def _migrate_place(self, row: SandboxRow, prefer: str | None = None) -> str:
-        """The destination of ``row``'s live migration (caller holds the lifecycle lock): ``prefer`` when it may
-        take it, else the node placement picks. Raises ``507 insufficient_capacity`` naming each node's reason."""
+    def _migrate_place(self, row: SandboxRow, prefer: str | None = None, to: str | None = None) -> str:
+        """The destination of ``row``'s live migration (caller holds the lifecycle lock): ``to`` when given (or an
+        error saying why it can't take it), else ``prefer`` when it may take it, else the node placement picks.
+        Raises 404 ``not_found`` (``to`` is no registered node), 409 ``invalid_destination`` (``to`` is the node it
+        runs on), ``507 insufficient_capacity`` naming each node's reason."""
         current = row.node or self.router.default_name
         what = f"the live migration of {row.id}"
-        place = placement.choose_move(self._candidates(exclude=row.id), self.settings, self._size(row.type), what,
-                                      current, live=True, unusable=self._no_api(), prefer=prefer)
+        cands = self._candidates(exclude=row.id)
+        if to is not None:
+            if to == current:
+                raise ControlError("invalid_destination", f"sandbox {row.id} runs on node {to} already", 409)
+            if not any(c.name == to for c in cands):
+                raise ControlError("not_found", f"no node {to!r} (see `sbx node list`)", 404)
+            cands = [c for c in cands if c.name in (to, current)]
+        place = placement.choose_move(cands, self.settings, self._size(row.type), what, current, live=True,
+                                      unusable=self._no_api(), prefer=prefer)
         return place.node
 
     def migrate(self, sandbox_id: str, wait: float | None = None, prefer: str | None = None,
-                reason: str | None = None) -> SandboxRow:
-        """Start the live migration of running sandbox ``sandbox_id`` to node ``prefer`` when it may take it, else
-        to the node placement picks; returns the row in ``migrating`` (its ``node`` still the source) at once, the
-        move runs in a worker (module docstring). ``reason`` (``drain``, ``consolidation``) goes into its events.
-        Raises 404, 409 ``not_running`` (not running once any operation in flight settled) / ``busy``, 507
-        ``insufficient_capacity`` (no other ready node with room and a matching fingerprint: nothing changed)."""
+                reason: str | None = None, to: str | None = None) -> SandboxRow:
+        """Start the live migration of running sandbox ``sandbox_id`` to node ``to`` (``sbx migrate ID --to
+        NODE``; it must be able to take it), else to ``prefer`` when it may take it, else to the node placement
+        picks; returns the row in ``migrating`` (its ``node`` still the source) at once, the move runs in a worker
+        (module docstring). ``reason`` (``drain``, ``consolidation``) goes into its events. Raises 404 (no such
+        sandbox, or no node ``to``), 409 ``not_running`` (not running once any operation in flight settled) /
+        ``busy`` / ``invalid_destination`` (``to`` is its own node), 507 ``insufficient_capacity`` (no other ready
+        node, or not ``to``, with room and a matching fingerprint): nothing changed on any error."""
         chosen: dict[str, str] = {}
 
         def check(row: SandboxRow) -> ControlError | None:
@@ -83,7 +94,7 @@ class MigrateOps(MoveOps):
                 return ControlError("not_running", f"sandbox {row.id} is {row.state}; only a running sandbox "
                                     "migrates (a stopped one moves when it resumes)", 409, row.state)
             chosen["src"] = row.node or self.router.default_name
-            chosen["dst"] = self._migrate_place(row, prefer)
+            chosen["dst"] = self._migrate_place(row, prefer, to)
             self.moving_to[row.id] = (chosen["dst"], self._size(row.type).memory_mib)
             return None
 
@@ -148,24 +159,30 @@ class MigrateOps(MoveOps):
         """At start, before the nodes reconcile: a row still ``migrating`` whose sandbox another node runs now (the
         move was confirmed, the server died before the commit point) is pointed at that node."""
         for row in self.store.list_sandboxes():
-            if row.state != "migrating":
+            if row.state == "migrating":
+                self._locate_migrated(row)
+
+    def _locate_migrated(self, row: SandboxRow) -> str | None:
+        """``row`` is ``migrating`` and its server is gone (this one restarted, or another replica died): when
+        its source no longer has it and another node runs it (that move was confirmed before the commit point),
+        point the row at that node and return its name; else None (still on its source, which settles it)."""
+        current = row.node or self.router.default_name
+        try:  # waits for the node-level move, which holds the sandbox's lock on its source, to end
+            held = self.router.agent(current).status(row.id)
+        except NodeError:
+            held = "absent"  # the source does not answer: a destination that runs it wins
+        if held != "absent":
+            return None  # still on its source: the source's reconcile settles it
+        for name, (_url, agent) in self.router.agents().items():
+            if name == current:
                 continue
-            current = row.node or self.router.default_name
-            try:  # waits for the node-level move, which holds the sandbox's lock on its source, to end
-                held = self.router.agent(current).status(row.id)
+            try:
+                status = agent.status(row.id)
             except NodeError:
-                held = "absent"  # the source does not answer: a destination that runs it wins
-            if held != "absent":
-                continue  # still on its source: the source's reconcile settles it
-            for name, (_url, agent) in self.router.agents().items():
-                if name == current:
-                    continue
-                try:
-                    status = agent.status(row.id)
-                except NodeError:
-                    continue
-                if status == "running":
-                    log.warning("%s was migrating when the server stopped; node %s runs it: it is there now",
-                                row.id, name)
-                    self.store.update_sandbox(row.id, node=name)
-                    break
+                continue
+            if status == "running":
+                log.warning("%s was migrating when its server went away; node %s runs it: it is there now",
+                            row.id, name)
+                self.store.update_sandbox(row.id, node=name)
+                return name
+        return None

@@ -8,7 +8,9 @@ looks for transient rows whose lock it can take (no live owner), asks the node w
 (:meth:`sbx.node.types.NodeAgent.status` with ``settled``: it waits for an operation still running on the node)
 and settles the row as a server restart would (:meth:`sbx.control.service.ControlPlane.settle`): running,
 stopped (with or without memory), an interrupted create or fork reported as ``error``/``interrupted``, a deletion
-finished.
+finished. A row left ``migrating`` whose move the nodes completed (the destination confirmed) is first pointed at
+the destination (:meth:`sbx.control.migrating.MigrateOps._locate_migrated`). A node drain the dead replica was
+running is taken over (:meth:`sbx.control.drain.Drains.resume_orphans`).
 
 On SQLite there is one process, which reconciles everything when it starts, so the sweeper does nothing.
 """
@@ -52,6 +54,8 @@ class OrphanSweeper:
                 fresh = self.control.store.get_sandbox(row.id)  # its owner may have finished meanwhile
                 if fresh is None or fresh.state not in TRANSIENT:
                     continue
+                if fresh.state == "migrating" and self.control._locate_migrated(fresh) is not None:
+                    fresh = self.control.store.get_sandbox(row.id) or fresh  # the destination took over
                 try:
                     status = self.control.node.status(row.id, settled=True)
                 except NodeError as e:
@@ -64,6 +68,7 @@ class OrphanSweeper:
                 settled.append(row.id)
         if settled:
             self.control.meter.reconcile()  # the dead replica could not close or open their usage intervals
+        self.control.drains.resume_orphans()  # a drain whose replica died goes on here
         return settled
 
     def start(self) -> None:

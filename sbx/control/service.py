@@ -102,6 +102,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         self.trimmer.start()
         self.sampler.start()
         self.orphans.start()
+        self.drains.resume_orphans()  # a drain the last server (or a dead replica) did not finish goes on here
 
     def settle(self, row: SandboxRow, status: str) -> None:
         """Make ``row`` agree with ``status``, what the node reports for it (``running``, ``checkpointed``,
@@ -213,6 +214,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         self._closed = True
         self.node.unwatch()
         self.orphans.stop()
+        self.drains.close()
         self.registry.stop()
         self.sampler.stop()
         self._pool.shutdown(wait=True)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,9 +80,69 @@ def mount_root(image: Path, host: Path, rootfs: Path, base: int) -> None:
         raise
 
 
-def umount_root(image: Path, rootfs: Path) -> None:
+BUSY_WAIT = 5.0
+"""Seconds an unmount that finds its mount in use tries again (every 0.1 s) before it gives up: the processes of a
+container just killed may still be letting go of their files (seen once after a delete right behind an exec)."""
+
+
+def _umount_patiently(mountpoint: Path, busy_wait: float) -> None:
+    """:func:`sbx.storage.disk.umount`, tried again while it is ``busy`` for up to ``busy_wait`` seconds; a wait
+    is logged with who held the mount (:func:`holders_of`). Raises ``StorageError("busy")`` after that."""
+    deadline = time.monotonic() + busy_wait
+    first: float | None = None
+    while True:
+        try:
+            disks.umount(mountpoint)
+        except StorageError as e:
+            if e.code != "busy" or time.monotonic() >= deadline:
+                if e.code == "busy":
+                    log.warning("%s stayed busy for %.1f s; held by: %s", mountpoint, busy_wait,
+                                ", ".join(holders_of(mountpoint)) or "no process found")
+                raise
+            if first is None:
+                first = time.monotonic()
+                log.info("%s is busy (held by: %s); trying again", mountpoint,
+                         ", ".join(holders_of(mountpoint)) or "no process found")
+            time.sleep(0.1)
+            continue
+        if first is not None:
+            log.info("%s let go after %.2f s", mountpoint, time.monotonic() - first)
+        return
+
+
+def holders_of(mountpoint: Path) -> list[str]:
+    """``"PID (COMM): what"`` of each process whose cwd, root, open file or mapped file is under ``mountpoint``
+    (a look through /proc, for the log of a busy unmount)."""
+    prefix = str(mountpoint).rstrip("/") + "/"
+    found: list[str] = []
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            links = [pid_dir / "cwd", pid_dir / "root", *(pid_dir / "fd").iterdir()]
+            hits = []
+            for link in links:
+                try:
+                    target = os.readlink(link)
+                except OSError:
+                    continue
+                if target == prefix[:-1] or target.startswith(prefix):
+                    hits.append(f"{link.name}={target}")
+            maps = (pid_dir / "maps").read_text(errors="replace")
+            if prefix in maps:
+                hits.append("maps")
+            if hits:
+                comm = (pid_dir / "comm").read_text().strip()
+                found.append(f"{pid_dir.name} ({comm}): {' '.join(hits[:3])}")
+        except OSError:
+            continue
+    return found
+
+
+def umount_root(image: Path, rootfs: Path, busy_wait: float = BUSY_WAIT) -> None:
     """Unmount every mount of the disk ``image``, after a syncfs(2) of it: the view at ``rootfs`` first, then the
-    plain mount (which detaches the loop device). Raises ``StorageError("busy")`` when one is in use."""
+    plain mount (which detaches the loop device); a mount in use is tried again for ``busy_wait`` seconds
+    (:data:`BUSY_WAIT`). Raises ``StorageError("busy")`` when one is still in use then."""
     first = os.path.realpath(rootfs)
     mps = _mounts_of(image)
     if mps:  # everything written reaches the image now, even if another namespace keeps the filesystem alive
@@ -93,7 +154,7 @@ def umount_root(image: Path, rootfs: Path) -> None:
         if not mps:
             return
         mps.sort(key=lambda mp: str(mp) != first)
-        disks.umount(mps[0])
+        _umount_patiently(mps[0], busy_wait)
         mps = _mounts_of(image)
 
 

@@ -33,7 +33,12 @@ log = logging.getLogger("sbx.runtime")
 # repaired restore; sbx restores every connection closed (above) and a live migration resets them at the freeze,
 # so nothing depends on it. CRIU keeps the method in the image's inventory and a restore uses that one, so an
 # image dumped with the lock is restored with it. Measured: resume with memory at 128 MiB 362 → 282 ms median.
-CRIU_CONFIG = "tcp-close\nnetwork-lock skip\n"
+# And a ghost limit of GHOST_LIMIT_MIB: an open file whose name was unlinked (a temporary file, a log rotated away)
+# has no path left to reopen, so CRIU copies its content into the image; past its default limit of 1 MiB the
+# whole dump failed ("Can't dump ghost file ... increase limit"), so the stop saved no memory and a live migration
+# left the sandbox on its source. A larger one still fails the dump that way (bounded: the image is on the volume).
+GHOST_LIMIT_MIB = 256
+CRIU_CONFIG = f"tcp-close\nnetwork-lock skip\nghost-limit {GHOST_LIMIT_MIB}M\n"
 
 
 class RuncRuntime:

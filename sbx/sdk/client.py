@@ -153,6 +153,13 @@ class Sandbox(_Base):
         self.data = self.client.run(P.stop(self.id, keep_memory, wait))
         return self
 
+    def migrate(self, to: str | None = None, wait: bool = True) -> Sandbox:
+        """Move this running sandbox to node ``to`` (default: placement picks) while it runs (admin key): same id,
+        processes and memory after one short pause. Raises ``insufficient_capacity`` (507), ``not_running`` /
+        ``invalid_destination`` (409), ``migration_failed`` (the sandbox runs where it was) as :class:`SbxError`."""
+        self.data = self.client.run(P.migrate(self.id, to, wait))
+        return self
+
     def resume(self, type: str | None = None, require_memory: bool = False, ttl: int | None = None,
                wait: bool = True) -> Sandbox:
         """Resume, optionally at a bigger ``type`` (cold boot). Raises ``invalid_resize`` /
@@ -317,6 +324,10 @@ class AsyncSandbox(_Base):
 
     async def stop(self, keep_memory: bool = True, wait: bool = True) -> AsyncSandbox:
         self.data = await self.client.run(P.stop(self.id, keep_memory, wait))
+        return self
+
+    async def migrate(self, to: str | None = None, wait: bool = True) -> AsyncSandbox:
+        self.data = await self.client.run(P.migrate(self.id, to, wait))
         return self
 
     async def resume(self, type: str | None = None, require_memory: bool = False, ttl: int | None = None,

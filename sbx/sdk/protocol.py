@@ -256,6 +256,14 @@ def cordon(name: str, cordoned: bool = True) -> Call:
     return dict(resp.body["node"])
 
 
+def migrate(sandbox_id: str, to: str | None = None, wait: bool = True) -> Call:
+    """``POST /v1/sandboxes/{id}/migrate`` (admin key): live-migrate a running sandbox to node ``to`` (default:
+    placement picks); returns the sandbox dict (``node`` is the destination once it has moved)."""
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/migrate", _clean({"to": to}), _wait_params(wait),
+                         timeout=_long_timeout(wait))
+    return _sandbox(resp)
+
+
 def drain(name: str, wait: bool = False) -> Call:
     """``POST /v1/nodes/{name}/drain``; returns the drain dict (node, state, empty, sandboxes: id, action, status,
     to, error, pauseS...). ``wait``: answer when it has finished."""

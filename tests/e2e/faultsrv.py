@@ -8,12 +8,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 import tomllib
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,17 @@ class FaultServer:
                     code = self.proc.wait()
             _cleanup_host(self.env)
         assert code == 0, f"sbx server did not stop cleanly ({code}):\n{self.log.read_text()[-4000:]}"
+
+
+def start_replicas(a: FaultServer, b: FaultServer, between: Callable[[], None] | None = None) -> None:
+    """Start two replicas of one installation (the same database in both's settings): ``a``, then ``between()``
+    (e.g. ``sbx node add`` through ``a``, whose sealed token needs the secrets key it makes), then ``b`` with
+    ``a``'s admin key and secrets key copied into its state folder, as an operator would."""
+    a.start()
+    if between is not None:
+        between()
+    (b.tmp / "state").mkdir(parents=True, exist_ok=True)
+    for name in ("token", "secrets.key"):
+        if (a.tmp / "state" / name).is_file():
+            shutil.copy2(a.tmp / "state" / name, b.tmp / "state" / name)
+    b.start()

@@ -202,3 +202,32 @@ def test_a_drain_whose_destination_agent_is_killed_halfway_leaves_the_sandbox_ru
 
 def _state_now(srv: Server, sid: str) -> str:
     return str(srv.api("GET", f"/v1/sandboxes/{sid}")["sandbox"]["state"])
+
+
+def test_sbx_migrate_moves_one_running_sandbox_to_the_node_named(cluster: tuple[Server, list[NodeHost]]) -> None:
+    srv, nodes = cluster
+    a, b = nodes
+    cordon(srv, nodes, 8)
+    sid = ok(srv, "new", "--type", "small").strip()
+    assert _info(srv, sid)["node"] == a.node_name
+    ok(srv, "exec", sid, "--detach", "exec -a sbx-migrate-sleeper sleep 1000000")
+    pid = poll(lambda: ok(srv, "exec", sid, "pgrep -f -o sbx-migrate-sleeper || true").strip() or None,
+               "the sleeper to start", 60)
+    # what can't be done is refused with its reason, and nothing changes
+    for args, code in ((("--to", a.node_name), "invalid_destination"), (("--to", "no-such-node"), "not_found"),
+                       (("--to", b.node_name), "insufficient_capacity")):  # node 8 is cordoned
+        r = srv.sbx("migrate", sid, *args, "--wait", timeout=120)
+        assert r.returncode == 1 and f"error: {code}:" in r.stderr, (args, r.stdout, r.stderr)
+        assert (_info(srv, sid)["state"], _info(srv, sid)["node"]) == ("running", a.node_name)
+    assert "cordoned" in srv.sbx("migrate", sid, "--to", b.node_name, timeout=120).stderr
+    ok(srv, "node", "uncordon", b.node_name)
+    moved = ok(srv, "migrate", sid, "--to", b.node_name, "--wait")
+    print(moved)  # what a user sees, for the report
+    assert moved.startswith(f"{sid} migrated {a.node_name} -> {b.node_name} in ") and "paused" in moved, moved
+    assert _info(srv, sid)["node"] == b.node_name
+    assert ok(srv, "exec", sid, "pgrep -f -o sbx-migrate-sleeper").strip() == pid
+    back = json.loads(ok(srv, "migrate", sid, "--wait", "--json"))["sandbox"]  # placement picks: node 7
+    assert (back["state"], back["node"]) == ("running", a.node_name), back
+    assert ok(srv, "exec", sid, "pgrep -f -o sbx-migrate-sleeper").strip() == pid
+    cordon(srv, nodes)
+    ok(srv, "delete", sid, "--wait")

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import glob
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.faultsrv import FaultServer
+from tests.e2e.faultsrv import FaultServer, start_replicas
 from tests.e2e.helpers import poll
 from tests.nodenet import NodeHost, node_netns
 from tests.pgcluster import PgCluster, pg_cluster
@@ -54,11 +53,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         b = FaultServer(tmp / "b", prefix="SBX_REPLB", node="replb", bridge="sbxrpb0", subnet="10.82.0.0/16",
                         **common)
         try:
-            a.start()
-            for name in ("token", "secrets.key"):  # one installation: one admin key, one secrets key
-                if (tmp / "a" / "state" / name).is_file():
-                    shutil.copy2(tmp / "a" / "state" / name, tmp / "b" / "state" / name)
-            b.start()
+            start_replicas(a, b)
             yield Replicas(pg, node, a, b)
         finally:
             b.close()

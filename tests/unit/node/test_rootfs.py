@@ -52,3 +52,24 @@ def test_make_private(tmp_path: Path) -> None:
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, idmap.uid_base(1), 0o710)
     rootfs.make_private(d, 0)
     assert (d.stat().st_gid, d.stat().st_mode & 0o777) == (0, 0o700)
+
+
+def test_an_unmount_waits_for_a_process_letting_go_of_the_disk(image: Path, tmp_path: Path) -> None:
+    """A process that still holds a file on the disk (as a killed container's do for a moment) makes the unmount
+    wait for it, and says who held it; with no time to wait the unmount is refused (busy) and nothing changes."""
+    host, view = tmp_path / "b" / "disk", tmp_path / "b" / "rootfs"
+    rootfs.mount_root(image, host, view, idmap.uid_base(9))
+    (host / "held").write_text("x")
+    holder = subprocess.Popen(["sh", "-c", "exec 3<held; sleep 0.8"], cwd=host)
+    try:
+        assert any(h.startswith(f"{holder.pid} (") for h in rootfs.holders_of(host))
+        with pytest.raises(rootfs.StorageError) as e:
+            rootfs.umount_root(image, view, busy_wait=0)
+        assert e.value.code == "busy" and mounts.mount_at(host) is not None
+        rootfs.umount_root(image, view)  # waits for the holder to exit
+        assert holder.poll() == 0
+    finally:
+        holder.kill()
+        holder.wait()
+        rootfs.umount_root(image, view)
+    assert mounts.mount_at(host) is None and mounts.loop_devices_for(image) == []
