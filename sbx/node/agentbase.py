@@ -71,6 +71,7 @@ class NodeBase:
         # the exec channel (sbx.node.execjobs): open agent connections, sandboxes being stopped, misbehaving agents
         self._channel_socks: dict[str, set[Any]] = {}
         self._channel_quiet: set[str] = set()
+        self._channel_why: dict[str, tuple[str, str]] = {}  # (code, message) a quiesce ends open commands with
         self._channel_suspect: dict[str, float] = {}
         self._env_cache: dict[str, tuple[int, list[str]]] = {}
         self._template_builds: set[str] = set()  # keys of memory templates being built (sbx.node.templates)
@@ -421,7 +422,7 @@ class NodeBase:
 
         def _write_shutdown_hook(self, sid: str) -> None: ...
 
-        def _quiesce_channel(self, sid: str, wait: float = 3.0) -> None: ...
+        def _quiesce_channel(self, sid: str, wait: float = 3.0, why: tuple[str, str] | None = None) -> None: ...
 
         def _channel_resume(self, sid: str) -> None: ...
 

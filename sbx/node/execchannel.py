@@ -144,7 +144,8 @@ class ChannelMixin(NodeBase):
                         if timed_out:
                             break
                         if sid in self._channel_quiet:
-                            raise NodeError("not_running", f"sandbox {sid} was stopped while the command ran")
+                            raise NodeError(*self._channel_why.get(
+                                sid, ("not_running", f"sandbox {sid} was stopped while the command ran")))
                         raise NodeError("exec_failed", "the sandbox's exec agent went away before the command ended")
                     pending = frames.feed(data)
         except channel.ProtocolError as e:
@@ -162,10 +163,14 @@ class ChannelMixin(NodeBase):
         else:
             yield ExecEvent(kind="exit", exit_code=code if code is not None else 124)
 
-    def _quiesce_channel(self, sid: str, wait: float = 3.0) -> None:
+    def _quiesce_channel(self, sid: str, wait: float = 3.0, why: tuple[str, str] | None = None) -> None:
         """Before a checkpoint: no new command goes through the agent, and every open connection to it is shut
         (the agent kills those commands and closes its side; CRIU can't dump a connection to the host). Waits up
-        to ``wait`` seconds for their streams to end. Undo with :meth:`_channel_resume`."""
+        to ``wait`` seconds for their streams to end. The streams of those commands end with
+        ``NodeError(*why)`` (default: ``not_running``, "stopped while the command ran"). Undo with
+        :meth:`_channel_resume`."""
+        if why is not None:
+            self._channel_why[sid] = why
         self._channel_quiet.add(sid)
         for sock in list(self._channel_socks.get(sid, ())):
             try:
@@ -178,4 +183,5 @@ class ChannelMixin(NodeBase):
 
     def _channel_resume(self, sid: str) -> None:
         self._channel_quiet.discard(sid)
+        self._channel_why.pop(sid, None)
         self._channel_suspect.pop(sid, None)

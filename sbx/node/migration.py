@@ -194,7 +194,10 @@ class MigrationMixin(IncomingMixin):
         figures.update(precopyS=time.monotonic() - t0, baseBytes=base.file_bytes, fullDisk=full)
 
         self._set_phase(id, MIGRATING, migratingTo=target)
-        self._quiesce_channel(id)  # CRIU can't dump a connection to the host
+        # CRIU can't dump a connection to the host: commands still attached end (detached jobs move along)
+        self._quiesce_channel(id, why=("moved", f"sandbox {id} moved to another node while the command ran: a live "
+                                       "migration ends attached commands (run long ones with --detach: detached "
+                                       "jobs keep running through a move)"))
         t_pause = time.monotonic()
         try:
             self.runtime.pause(id)

@@ -226,7 +226,18 @@ def test_sbx_migrate_moves_one_running_sandbox_to_the_node_named(cluster: tuple[
     assert moved.startswith(f"{sid} migrated {a.node_name} -> {b.node_name} in ") and "paused" in moved, moved
     assert _info(srv, sid)["node"] == b.node_name
     assert ok(srv, "exec", sid, "pgrep -f -o sbx-migrate-sleeper").strip() == pid
-    back = json.loads(ok(srv, "migrate", sid, "--wait", "--json"))["sandbox"]  # placement picks: node 7
+    # a command still attached when the move starts is ended with a clear error; the detached one moves along
+    attached = subprocess.Popen([str(Path(sys.executable).parent / "sbx"), "exec", sid, "--timeout", "120",
+                                 "echo started; sleep 100; echo late"], env=srv.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        poll(lambda: ok(srv, "exec", sid, "pgrep -f -x 'sleep 100' || true").strip(), "the attached command", 60)
+        back = json.loads(ok(srv, "migrate", sid, "--wait", "--json"))["sandbox"]  # placement picks: node 7
+        out, err = attached.communicate(timeout=60)
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+    assert attached.returncode == 1 and out == "started\n" and "error: moved: " in err, (out, err)
     assert (back["state"], back["node"]) == ("running", a.node_name), back
     assert ok(srv, "exec", sid, "pgrep -f -o sbx-migrate-sleeper").strip() == pid
     cordon(srv, nodes)
