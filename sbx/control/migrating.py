@@ -168,7 +168,7 @@ class MigrateOps(MoveOps):
         point the row at that node and return its name; else None (still on its source, which settles it)."""
         current = row.node or self.router.default_name
         try:  # waits for the node-level move, which holds the sandbox's lock on its source, to end
-            held = self.router.agent(current).status(row.id)
+            held = self.router.agent(current).status(row.id, settled=True)
         except NodeError:
             held = "absent"  # the source does not answer: a destination that runs it wins
         if held != "absent":

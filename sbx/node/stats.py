@@ -26,8 +26,9 @@ class StatsMixin(NodeBase):
     def status(self, id: str, settled: bool = False) -> NodeStatus:
         """See :meth:`sbx.node.types.NodeAgent.status` (``settled`` waits for the sandbox's lock, so for an
         operation in flight to end). ``absent`` also for a sandbox still arriving from another node (not confirmed:
-        it is its source's); ``running`` also while the container is paused (frozen for a fork's or a migration's
-        dump: its processes are all there)."""
+        it is its source's) and for the paused copy a migration left here once the destination confirmed (it runs
+        there; the copy is being deleted: ``MigrationMixin._depart``); ``running`` also while the container is
+        paused (frozen for a fork's or a migration's dump: its processes are all there)."""
         if settled:
             with self._lock(id):
                 return self._status(id)
@@ -38,7 +39,7 @@ class StatsMixin(NodeBase):
             phase = json.loads((self._dir(id) / "node.json").read_text()).get("phase")
         except (OSError, ValueError):
             return "absent"
-        if phase == "incoming":
+        if phase == "incoming" or id in self._departing:
             return "absent"
         if self.runtime.state(id) in ("running", "paused"):
             return "running"

@@ -31,7 +31,9 @@ def _cpu(root: Path, ns: int) -> None:
     (root / "cpuacct" / CG.lstrip("/") / "cpuacct.usage").write_text(str(ns))
 
 
-def test_a_sample_right_after_another_reuses_its_figure_without_waiting(root: Path) -> None:
+def test_a_sample_right_after_another_reuses_its_figure_without_waiting(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cgroup, "MIN_WINDOW", 30.0)  # "right after" on a loaded host too (CI saw 23527 % here)
     _cpu(root, 0)
     mark = cgroup.cpu_mark(CG)
     _cpu(root, 10**9)
