@@ -176,9 +176,9 @@ class MemoryCopyMixin(NodeBase):
         while the source is paused (cgroup freezer; CRIU leaves a cgroup it found frozen frozen, and it is thawed
         here after the dump) so they are of the same instant; then the copy gets its new
         ext4 UUID, is grown to ``spec.size`` and ``then()`` is called, all three in a thread beside CRIU's dump
-        (they touch only the copy). The disk is copied before the dump starts, not beside it: CRIU reads the
-        sandbox's inotify watches from the kernel, which leaves out their file handles while the filesystem is
-        frozen, and the dump then fails ("error parsing [inotify wd:1 ...]", measured here). Returns the
+        (they touch only the copy). The disk is copied before the dump starts, not beside it: with the copy
+        (its ``fsfreeze``) beside the dump, CRIU failed every dump parsing an inotify watch without its file
+        handle ("error parsing [inotify wd:1 ...]", measured here; most likely the frozen filesystem). Returns the
         source's uid base (the image's ids are still in its range). Raises ``NodeError``: ``not_found``,
         ``not_running``, ``fork_failed`` (the source runs on), ``restore_failed`` (``then`` failed)."""
         mem = self._memory(spec.id)
