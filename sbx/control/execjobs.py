@@ -43,21 +43,25 @@ class ExecOps(PlaneBase):
         away) kills it. The run counts as activity."""
         if not command:
             raise ControlError("invalid_command", "command must not be empty", 400, field="command")
-        self.wait_running(sandbox_id)
+        row = self.wait_running(sandbox_id)
         cwd_path = self.files.check_dir(sandbox_id, cwd, user, field="cwd") if cwd is not None else None
-        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd_path, encoding, stop)
+        return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd_path, encoding, stop,
+                          node=row.node)
 
     def _exec(
         self, sandbox_id: str, command: str, timeout: float | None, user: str, env: dict[str, str] | None,
-        cwd: str | None, encoding: str = "utf-8", stop: Callable[[], bool] | None = None,
+        cwd: str | None, encoding: str = "utf-8", stop: Callable[[], bool] | None = None, node: str | None = None,
     ) -> Iterator[dict[str, Any]]:
+        """The lines of :meth:`exec` (after its checks); ``node``: the node the sandbox's row names, read by
+        those checks (None: the configured node), so the exec needs no further read of the row."""
         decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
         raw = encoding == "base64"
         # begin/end both run inside this generator: a response the client dropped before its first chunk never
         # starts it, and then neither runs (an eager begin would leave the sandbox "active" for ever).
         self.activity.begin(sandbox_id)
         try:
-            for ev in self.node.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd, stop=stop):
+            agent = self.router.agent(node or self.router.default_name)
+            for ev in agent.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd, stop=stop):
                 self.activity.touch(sandbox_id)
                 if ev.kind == "exit":
                     for kind, dec in decoders.items():

@@ -376,7 +376,9 @@ class PlaneBase:
         A sandbox created with ``autoResume`` that is stopped (or stopping) is resumed first (issue 9, as the proxy
         does for hosted ports: :meth:`sbx.control.routes.Routes.ensure_running`)."""
         row = self.get(sandbox_id)
-        if row.auto_resume and row.state != "running":
+        if row.state == "running":  # the common case: no second read of the row (each is ~0.3 ms of an exec)
+            return row
+        if row.auto_resume:
             return self.routes.ensure_running(sandbox_id)
         return self.lifecycle.wait_for(sandbox_id, {"running"}, max(START_WAIT, self.lifecycle.wait))
 

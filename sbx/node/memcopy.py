@@ -20,10 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sbx.config import Size
-from sbx.node import recovery
+from sbx.node import cgroup, recovery
 from sbx.node.agentbase import NodeBase
 from sbx.node.steps import Steps
 from sbx.node.types import NodeError, SandboxSpec
@@ -34,6 +37,32 @@ from sbx.storage import disk as disks
 from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.node")
+
+
+class _Beside:
+    """``fn()`` in a thread of its own, started at once; :meth:`join` waits for it and re-raises what it raised.
+    ``seconds``: how long it ran (for :class:`sbx.node.steps.Steps`)."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.seconds = 0.0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="fork-beside", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            self._error = e
+        self.seconds = time.perf_counter() - t0
+
+    def join(self, quiet: bool = False) -> None:
+        """Wait for it; re-raise its error unless ``quiet``."""
+        self._thread.join()
+        if not quiet and self._error is not None:
+            raise self._error
+
 
 def copy_image(src: Path, dst: Path, gid: int) -> None:
     """Copy the memory image folder ``src`` to ``dst`` (reflinked file by file on the XFS volume: constant time)
@@ -51,28 +80,37 @@ def copy_image(src: Path, dst: Path, gid: int) -> None:
 class MemoryCopyMixin(NodeBase):
     """Restore another sandbox's memory under a new identity (part of :class:`sbx.node.agent.LocalNode`)."""
 
-    def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool, identity: bool = True) -> None:
+    def _prepare_restore(self, sid: str, size: Size) -> Path:
+        """What a restore of sandbox ``sid`` (record in phase ``creating``, disk in place) needs that does not
+        depend on its memory image: the disk mounted, the identity files written into it (module docstring), the
+        shutdown hook and the OCI bundle. Returns the bundle. A fork with memory runs this while the source is
+        still being dumped (:meth:`fork_memory`). Raises ``NodeError`` (``boot_failed``...), ``RuntimeError_``."""
+        rec = self._record(sid)
+        self._mount(sid)
+        self._write_identity(sid, rec["spec"]["hostname"], fresh=True)
+        self._write_shutdown_hook(sid)
+        return self._write_bundle(sid, rec, size)
+
+    def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool, identity: bool = True,
+                        bundle: Path | None = None) -> None:
         """Restore the image already copied to the sandbox's memory folder (dumped at uid base ``old_base``) into
         the sandbox ``sid`` (record in phase ``creating``, disk in place) with its own identity (module
         docstring); ``clear_tmp`` empties ``/tmp`` afterwards but for what systemd made there at boot
         (``systemd-private-*``, ``.X11-unix``...; a cold boot has them too); ``identity`` false skips the new SSH
-        host keys (a warm sandbox gets them when it is claimed: :mod:`sbx.node.warmpool`). On success the phase is
+        host keys (a warm sandbox gets them when it is claimed: :mod:`sbx.node.warmpool`); ``bundle``: what
+        :meth:`_prepare_restore` returned when it already ran (else it runs here). On success the phase is
         ``running``.
         Raises ``NodeError("restore_failed")`` with the container removed, the disk unmounted and the image gone."""
         rec = self._record(sid)
         hostname = rec["spec"]["hostname"]
         st = Steps("restore-as-new", sid)
         try:
-            self._mount(sid)
-            st.mark("mount")
-            self._write_identity(sid, hostname, fresh=True)
-            self._write_shutdown_hook(sid)
-            st.mark("identity")
+            if bundle is None:
+                bundle = self._prepare_restore(sid, size)
+                st.mark("mount+identity+bundle")
             criuimages.retarget(self._memory(sid), old_base=old_base, new_base=self._uid_base(sid), hostname=hostname)
             criuimages.drop_time_namespace(self._memory(sid))
             st.mark("retarget")
-            bundle = self._write_bundle(sid, rec, size)
-            st.mark("bundle")
             self.runtime.restore(sid, bundle, self._memory(sid), self._dir(sid) / "criu-work")
             st.mark("criu-restore")
             self._mark_started(sid)
@@ -95,21 +133,23 @@ class MemoryCopyMixin(NodeBase):
         ``ssh.service`` restarted without waiting (``--no-block``): new SSH host keys (``ssh-keygen -A`` takes
         ~0.4 s here, mostly RSA) and sshd running with them a moment after the sandbox answers. A template holds no
         host keys and no running sshd (:mod:`sbx.node.templates`), so no sandbox ever serves another's key. One
-        ``runc exec``; ``identity`` false leaves out the two restarts (nothing to run without ``clear_tmp``).
-        Raises ``RuntimeError_``."""
+        command, through the sandbox's exec agent (restored with its memory, listening at once: ~5 ms) or, when
+        it does not answer, ``runc exec`` (~35 ms here); ``identity`` false leaves out the two restarts (nothing
+        to run without ``clear_tmp``). Raises ``RuntimeError_``."""
         script = "systemctl --no-block restart sbx-identity.service ssh.service" if identity else "true"
         if clear_tmp:
             script = (r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' ! -name '.*-unix' "
                       rf"-exec rm -rf {{}} +; {script}")
         elif not identity:
             return
-        self.runtime.run(sid, ["/bin/sh", "-c", script], timeout=60)
+        self._run_root(sid, ["/bin/sh", "-c", script], timeout=60)
 
     def fork_memory(self, source_id: str, spec: SandboxSpec) -> None:
         """Fork the running sandbox ``source_id`` with its memory: :meth:`_copy_running` (the source pauses for the
         reflink of its disk and a ``--leave-running`` dump, then goes on with the same PIDs), then ``spec`` is
         restored from that dump on the copy, with its own identity (module docstring). Disk and memory are of the
-        same instant, since no task of the source runs between the two.
+        same instant, since no task of the source runs between the two. What the restore needs besides the image
+        (the copy mounted, its identity, the bundle: :meth:`_prepare_restore`) is made while CRIU still dumps.
 
         Raises ``NodeError``: ``not_found``, ``not_running`` (the source is not running), ``fork_failed`` (the copy
         or the dump failed; the source runs on), ``restore_failed``."""
@@ -118,53 +158,92 @@ class MemoryCopyMixin(NodeBase):
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id, startedFrom="memory")
             st.mark("record")
-            old_base = self._copy_running(source_id, spec, st)
-            self._restore_as_new(spec.id, spec.size, old_base=old_base, clear_tmp=False)
+            bundle: list[Path] = []
+            try:
+                old_base = self._copy_running(source_id, spec, st,
+                                              then=lambda: bundle.append(self._prepare_restore(spec.id, spec.size)))
+            except BaseException:
+                self._umount(spec.id)
+                raise
+            self._restore_as_new(spec.id, spec.size, old_base=old_base, clear_tmp=False, bundle=bundle[0])
             st.mark("restore-as-new")
             st.done()
 
-    def _copy_running(self, source_id: str, spec: SandboxSpec, st: Steps) -> int:
+    def _copy_running(self, source_id: str, spec: SandboxSpec, st: Steps,
+                      then: Callable[[], object] | None = None) -> int:
         """Into the new record of ``spec`` (its lock held): the running source's disk (reflinked, its filesystem
         frozen) and memory (``checkpoint --leave-running``, image group-owned by the fork's uid base), both taken
-        while the source is paused (cgroup freezer) so they are of the same instant; then the disk grown to
-        ``spec.size``. Returns the source's uid base (the image's ids are still in its range). Raises
-        ``NodeError``: ``not_found``, ``not_running``, ``fork_failed`` (the source runs on)."""
+        while the source is paused (cgroup freezer; CRIU leaves a cgroup it found frozen frozen, and it is thawed
+        here after the dump) so they are of the same instant; then the copy gets its new
+        ext4 UUID, is grown to ``spec.size`` and ``then()`` is called, all three in a thread beside CRIU's dump
+        (they touch only the copy). The disk is copied before the dump starts, not beside it: with the copy
+        (its ``fsfreeze``) beside the dump, CRIU failed every dump parsing an inotify watch without its file
+        handle ("error parsing [inotify wd:1 ...]", measured here; most likely the frozen filesystem). Returns the
+        source's uid base (the image's ids are still in its range). Raises ``NodeError``: ``not_found``,
+        ``not_running``, ``fork_failed`` (the source runs on), ``restore_failed`` (``then`` failed)."""
         mem = self._memory(spec.id)
         with self._lock(source_id):
             self._require_running(source_id)
             old_base = self._uid_base(source_id)
             # CRIU can't dump a connection to the host: shut the exec channel's ones first (sbx.node.execchannel)
             self._quiesce_channel(source_id)
-            try:
-                self.runtime.pause(source_id)
-            except RuntimeError_ as e:
-                self._channel_resume(source_id)
-                raise NodeError("fork_failed", e.detail) from e
+            # the freezer written directly (~1 ms; sbx.node.cgroup.freeze, as a stop does) rather than through
+            # `runc pause`/`runc resume` (a runc process each, 5-40 ms here); runc's own pause when that fails
+            by_runc = not cgroup.freeze(self._cgroup_path(source_id))
+            if by_runc:
+                try:
+                    self.runtime.pause(source_id)
+                except RuntimeError_ as e:
+                    self._channel_resume(source_id)
+                    raise NodeError("fork_failed", e.detail) from e
             st.mark("quiesce+pause")
+            beside: _Beside | None = None
             try:
-                self._clone_live(source_id, self._disk(spec.id))
+                self._clone_live(source_id, self._disk(spec.id), fresh_uuid=False)
                 st.mark("clone-disk")
+                beside = _Beside(lambda: self._finish_copy(spec, then))
                 self.runtime.checkpoint(source_id, mem, self._dir(spec.id) / "criu-work",
                                         image_gid=self._uid_base(spec.id), leave_running=True)
                 criuimages.mark_own_time_namespace(mem, self.runtime.init_pid(source_id))  # a resumed source
                 st.mark("checkpoint")
             except (StorageError, RuntimeError_) as e:
+                if beside is not None:
+                    beside.join(quiet=True)
                 self._discard_memory(spec.id)
                 raise NodeError("fork_failed", e.detail if isinstance(e, RuntimeError_) else str(e)) from e
             finally:
                 try:
-                    self.runtime.unpause(source_id)
+                    if by_runc:
+                        self.runtime.unpause(source_id)
+                    else:
+                        cgroup.thaw(self._cgroup_path(source_id))
                 except RuntimeError_ as e:
                     log.error("%s stays paused after the fork's dump: %s", source_id, e.detail)
                 self._channel_resume(source_id)
                 st.mark("unpause")
-        if spec.size.disk_mib > self._disk(spec.id).stat().st_size >> 20:
-            try:
-                disks.grow(self._disk(spec.id), spec.size.disk_mib)
-            except StorageError as e:
-                raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
-        st.mark("grow")
+        try:
+            beside.join()
+        except BaseException:
+            self._discard_memory(spec.id)
+            raise
+        st.mark("wait-beside")
+        st.add("uuid+grow+prepare (beside the dump)", beside.seconds)
         return old_base
+
+    def _finish_copy(self, spec: SandboxSpec, then: Callable[[], object] | None) -> None:
+        """The fork's disk copy gets a new ext4 UUID and is grown to ``spec.size`` (``fork_failed``), then
+        ``then()`` runs (its errors become ``restore_failed``). Raises ``NodeError``."""
+        try:
+            disks.new_uuid(self._disk(spec.id))
+            if spec.size.disk_mib > self._disk(spec.id).stat().st_size >> 20:
+                disks.grow(self._disk(spec.id), spec.size.disk_mib)
+        except StorageError as e:
+            raise NodeError("fork_failed", f"preparing the fork's disk: {e}") from e
+        if then is not None:
+            try:
+                then()
+            except (RuntimeError_, NodeError) as e:
+                raise NodeError("restore_failed", e.detail if isinstance(e, RuntimeError_) else e.message) from e
 
     def _seal_fork_memory(self, sid: str, old_base: int) -> None:
         """Make the dump :meth:`_copy_running` left in ``sid``'s memory folder the fork's own stopped memory image:

@@ -81,8 +81,9 @@ class SnapshotMixin(NodeBase):
             except StorageError as e:
                 raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
 
-    def _clone_live(self, sid: str, dst: Path) -> None:
-        """Reflink-copy the sandbox's disk to ``dst``, freezing its filesystem for the copy when it is mounted.
+    def _clone_live(self, sid: str, dst: Path, fresh_uuid: bool = True) -> None:
+        """Reflink-copy the sandbox's disk to ``dst``, freezing its filesystem for the copy when it is mounted;
+        the copy gets a new ext4 UUID unless ``fresh_uuid`` is false (:func:`sbx.storage.disk.clone_disk`).
         A ``freezing`` intent (the mount point) is in the record while it may be frozen, so a reconcile after a
         crash in that window thaws it (:mod:`sbx.node.recovery`). Raises ``StorageError``."""
         mp = disks.mounted_at(self._disk(sid))
@@ -91,7 +92,7 @@ class SnapshotMixin(NodeBase):
             rec["freezing"] = str(mp)
             self._save(sid, rec)
         try:
-            disks.clone_disk(self._disk(sid), dst, mountpoint=mp)
+            disks.clone_disk(self._disk(sid), dst, mountpoint=mp, fresh_uuid=fresh_uuid)
         finally:
             if mp is not None:
                 rec = self._record(sid)

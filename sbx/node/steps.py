@@ -31,6 +31,11 @@ class Steps:
         self.steps.append((name, now - self.last))
         self.last = now
 
+    def add(self, name: str, seconds: float) -> None:
+        """Record step ``name`` of ``seconds`` that ran beside the others (in another thread): it does not move
+        the mark the next :meth:`mark` measures from."""
+        self.steps.append((name, seconds))
+
     def done(self) -> None:
         """Log the steps (see the module docstring). Never raises."""
         total = time.perf_counter() - self.t0

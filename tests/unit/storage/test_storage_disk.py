@@ -159,6 +159,26 @@ def test_clone_disk_with_explicit_mountpoint_must_be_mounted(work: Path, base_im
     assert space.unique_bytes(dst, [src]) < MiB
 
 
+def test_clone_disk_can_leave_the_new_uuid_for_later(work: Path, base_image: Path,
+                                                    mnt: Callable[[str], Path]) -> None:
+    """A fork with memory copies the frozen disk first and gives the copy its UUID beside CRIU's dump
+    (sbx.node.memcopy): ``fresh_uuid=False`` copies only, :func:`disk.new_uuid` later gives the copy its own."""
+    src = disk.create_disk(base_image, work / "src.ext4", 128)
+    m = mnt("src")
+    disk.mount(src, m)
+    (m / "note.txt").write_text("before the copy\n")
+    src_uuid = disk.fs_info(src)["uuid"]
+    dst = disk.clone_disk(src, work / "dst.ext4", fresh_uuid=False)
+    disk.umount(m)
+    assert fsck_clean(dst)
+    assert disk.fs_info(dst)["uuid"] == src_uuid
+    assert disk.new_uuid(dst) != src_uuid == disk.fs_info(src)["uuid"]
+    m2 = mnt("dst")
+    disk.mount(dst, m2)
+    assert (m2 / "note.txt").read_text() == "before the copy\n"
+    disk.umount(m2)
+
+
 def test_seal_chain_and_manifest(work: Path, base_image: Path, mnt: Callable[[str], Path]) -> None:
     d = disk.create_disk(base_image, work / "d.ext4", 256)
     seals_dir = work / "seals"
