@@ -61,8 +61,10 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Two]:
         finally:
             if a.proc is not None and a.proc.poll() is not None and b.proc is not None and b.proc.poll() is None:
                 a.start()  # so that its close() stops it cleanly
-            b.close()
-            a.close()
+            try:
+                b.close()
+            finally:
+                a.close()
             for n in (n8, n7):
                 assert n.stop() == 0, n.logs()
 
