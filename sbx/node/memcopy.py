@@ -20,15 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from sbx.config import Size
 from sbx.node import cgroup, recovery
 from sbx.node.agentbase import NodeBase
-from sbx.node.steps import Steps
+from sbx.node.steps import Beside, Steps
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime import criu, criuimages
 from sbx.runtime.base import RuntimeError_
@@ -37,31 +35,6 @@ from sbx.storage import disk as disks
 from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.node")
-
-
-class _Beside:
-    """``fn()`` in a thread of its own, started at once; :meth:`join` waits for it and re-raises what it raised.
-    ``seconds``: how long it ran (for :class:`sbx.node.steps.Steps`)."""
-
-    def __init__(self, fn: Callable[[], object]):
-        self.seconds = 0.0
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), name="fork-beside", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], object]) -> None:
-        t0 = time.perf_counter()
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            self._error = e
-        self.seconds = time.perf_counter() - t0
-
-    def join(self, quiet: bool = False) -> None:
-        """Wait for it; re-raise its error unless ``quiet``."""
-        self._thread.join()
-        if not quiet and self._error is not None:
-            raise self._error
 
 
 def copy_image(src: Path, dst: Path, gid: int) -> None:
@@ -197,11 +170,11 @@ class MemoryCopyMixin(NodeBase):
                     self._channel_resume(source_id)
                     raise NodeError("fork_failed", e.detail) from e
             st.mark("quiesce+pause")
-            beside: _Beside | None = None
+            beside: Beside | None = None
             try:
                 self._clone_live(source_id, self._disk(spec.id), fresh_uuid=False)
                 st.mark("clone-disk")
-                beside = _Beside(lambda: self._finish_copy(spec, then))
+                beside = Beside(lambda: self._finish_copy(spec, then))
                 self.runtime.checkpoint(source_id, mem, self._dir(spec.id) / "criu-work",
                                         image_gid=self._uid_base(spec.id), leave_running=True)
                 criuimages.mark_own_time_namespace(mem, self.runtime.init_pid(source_id))  # a resumed source

@@ -51,6 +51,7 @@ import httpx
 
 from sbx.node.migration_in import IncomingMixin
 from sbx.node.remote import filestream
+from sbx.node.steps import Beside
 from sbx.node.types import NodeError, NodeInfo, SandboxSpec
 from sbx.runtime import criuimages
 from sbx.runtime.base import RuntimeError_
@@ -209,35 +210,27 @@ class MigrationMixin(IncomingMixin):
             reset = reset_connections(pid) if pid else []
             figures.update(resetConnections=len(reset), resetSockets=reset)
             step = "dump"
-            disk: dict[str, Any] = {}
-
             # the root filesystem is frozen for its reflink before CRIU runs: a dump that meets a frozen
             # filesystem fails (CRIU can't read an inotify watch's file handle there: "error parsing [inotify ...")
             self._freeze_clone(id, work / "final.ext4")
+            finals: list[delta.DeltaInfo] = []
 
             def last_delta() -> None:
                 """The disk's last delta, made and sent while CRIU dumps the memory (nothing in the sandbox runs:
                 its cgroup is paused)."""
-                try:
-                    made = delta.export_delta(work / "final.ext4", pre, work / "final.delta")
-                    disk["finalDiskS"] = time.monotonic() - t_pause
-                    self._send(http, id, "final", [made.path])
-                    disk["final"] = made
-                except BaseException as e:  # re-raised below, in the move's own thread
-                    disk["error"] = e
+                finals.append(delta.export_delta(work / "final.ext4", pre, work / "final.delta"))
+                figures["finalDiskS"] = time.monotonic() - t_pause
+                self._send(http, id, "final", [finals[0].path])
 
-            worker = threading.Thread(target=last_delta, name=f"sbx-migrate-disk-{id}", daemon=True)
-            worker.start()
+            beside = Beside(last_delta)
             mem = work / "memory"
             try:
                 self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True,
                                         page_server=pages_to)
             finally:
-                worker.join()
-            if "error" in disk:
-                raise disk["error"]
-            final = disk["final"]
-            figures["finalDiskS"] = disk["finalDiskS"]
+                beside.join(quiet=True)
+            beside.join()  # the delta's error, once the dump went well
+            final = finals[0]
             criuimages.mark_own_time_namespace(mem, pid)  # a resumed sandbox's dump keeps its time namespace
             (mem / "migration.json").write_text(json.dumps({"uidBase": self._uid_base(id)}))
             figures["dumpS"] = time.monotonic() - t_pause

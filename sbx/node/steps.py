@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("sbx.node.steps")
 
@@ -51,3 +53,29 @@ class Steps:
                     f.write(line + "\n")
             except OSError:
                 pass
+
+
+class Beside:
+    """``fn()`` in a thread of its own, started at once, for work beside a step of the operation (beside CRIU's
+    dump in a fork with memory and in a live migration); :meth:`join` waits for it and re-raises what it raised.
+    ``seconds``: how long it ran (for :meth:`Steps.add`)."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.seconds = 0.0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="sbx-beside", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            self._error = e
+        self.seconds = time.perf_counter() - t0
+
+    def join(self, quiet: bool = False) -> None:
+        """Wait for it; re-raise its error unless ``quiet``."""
+        self._thread.join()
+        if not quiet and self._error is not None:
+            raise self._error
