@@ -190,6 +190,9 @@ class LifecycleMixin(NodeBase):
             self._umount(id, wait=0.0)
             shutil.rmtree(self._bundle(id), ignore_errors=True)
             shutil.rmtree(self._dir(id), ignore_errors=True)
+            # nothing of its exec channel stays: a migration's quiesce (the copy it leaves is deleted) would
+            # otherwise keep the agent off for the same id when it moves back here
+            self._channel_resume(id)
 
     def address(self, id: str) -> str:
         """The sandbox's IPv4 address on the node's bridge (``10.88.0.7``), where its ports answer."""

@@ -329,3 +329,14 @@ def test_a_stop_that_meets_an_unread_control_message_lets_it_be_read_and_saves_m
     assert result.memory_saved is True, result.error
     assert node.resume(sandbox.id, sandbox).memory_restored is True
     assert run(node, sandbox.id, "pgrep -f '[u]nread.py'")[0].strip() == pid
+
+
+def test_a_deleted_sandbox_leaves_no_exec_channel_state(node):
+    """A migration quiesces the source's exec channel and then deletes that copy: the id must not stay marked
+    quiet, or the same sandbox moved back to this node would run every command through `runc exec`."""
+    sid = f"sb_node{os.getpid() % 1000:03d}{next(_counter):03d}"
+    spec = SandboxSpec(id=sid, hostname=f"node-{sid[3:]}", size=node.settings.size("small"))
+    node.create(spec)
+    node._quiesce_channel(sid, wait=0.1, why=("moved", "test"))
+    node.delete(sid)
+    assert sid not in node._channel_quiet and sid not in node._channel_why
