@@ -45,7 +45,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Integer, String, select
+from sqlalchemy import JSON, DateTime, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sbx.control import placement
@@ -67,18 +67,16 @@ FINISHED = ("done", "failed", "gone")
 
 class DrainRow(Base):
     """A node's last drain (module docstring): ``record`` is the drain as ``GET /v1/nodes/{name}/drain`` shows it
-    (shape in :meth:`Drains.start`), ``plan`` its ``{sandbox id: preferred destination}``, ``state`` mirrors the
-    record's (``draining`` / ``done``) so the replicas can find the drains under way."""
+    (shape in :meth:`Drains.start`; its reason, takeovers and outcome too), ``plan`` its ``{sandbox id: preferred
+    destination}``, ``state`` mirrors the record's (``draining`` / ``done``) so the replicas can find the drains
+    under way."""
 
     __tablename__ = "drains"
 
     node: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(String(32))
     record: Mapped[dict[str, Any]] = mapped_column(JSON)
     plan: Mapped[dict[str, str]] = mapped_column(JSON)
-    resumes: Mapped[int] = mapped_column(Integer, default=0)
-    empty: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
@@ -116,20 +114,16 @@ class Drains:
         with self.cp.store.session() as s:
             return list(s.scalars(select(DrainRow.node).where(DrainRow.state == "draining")))
 
-    def _save(self, record: dict[str, Any], plan: dict[str, str] | None = None, resumes: int | None = None) -> None:
-        """Write ``record`` (caller holds ``_guard``: a consistent copy) to its row."""
+    def _save(self, record: dict[str, Any], plan: dict[str, str] | None = None) -> None:
+        """Write ``record`` (caller holds ``_guard``: a consistent copy) to its row; ``plan`` for a new drain."""
         with self.cp.store.session() as s, s.begin():
             row = s.get(DrainRow, record["node"])
             if row is None:
-                row = DrainRow(node=record["node"], plan={}, resumes=0)
+                row = DrainRow(node=record["node"], plan={})
                 s.add(row)
-            row.state, row.reason, row.empty = record["state"], record["reason"], record["empty"]
-            row.record = copy.deepcopy(record)
-            row.updated_at = utcnow()
+            row.state, row.record, row.updated_at = record["state"], copy.deepcopy(record), utcnow()
             if plan is not None:
                 row.plan = dict(plan)
-            if resumes is not None:
-                row.resumes = resumes
 
     def _set(self, record: dict[str, Any], entry: dict[str, Any], **fields: Any) -> None:
         with self._guard:
@@ -171,19 +165,24 @@ class Drains:
                 if row is not None and row.state == "draining":
                     return dict(row.record)
                 raise ControlError("busy", f"another server is starting a drain of node {name}; try again", 409)
-            row = self._row(name)
-            if row is not None and row.state == "draining":  # nobody holds its lock: its replica died
-                return self._resume(row)
-            self.cp.registry.cordon(name, True)
-            default = self.cp.router.default_name
-            rows = [r for r in self.cp.store.list_sandboxes() if (r.node or default) == name]
-            entries = [{"id": r.id, "name": r.name,
-                        "action": {"running": "migrate", "stopped": "move"}.get(r.state, "none"),
-                        "status": "pending", "from": name, "to": None, "error": None, "pauseS": None,
-                        "totalS": None, "seconds": None} for r in rows]
-            record: dict[str, Any] = {"node": name, "reason": reason, "state": "draining", "startedAt": iso(utcnow()),
-                                      "finishedAt": None, "empty": None, "resumes": 0, "sandboxes": entries}
-            self._save(record, plan or {}, resumes=0)
+            try:
+                row = self._row(name)
+                if row is not None and row.state == "draining":  # nobody holds its lock: its replica died
+                    return self._resume(row)
+                self.cp.registry.cordon(name, True)
+                default = self.cp.router.default_name
+                rows = [r for r in self.cp.store.list_sandboxes() if (r.node or default) == name]
+                entries = [{"id": r.id, "name": r.name,
+                            "action": {"running": "migrate", "stopped": "move"}.get(r.state, "none"),
+                            "status": "pending", "from": name, "to": None, "error": None, "pauseS": None,
+                            "totalS": None, "seconds": None} for r in rows]
+                record: dict[str, Any] = {"node": name, "reason": reason, "state": "draining",
+                                          "startedAt": iso(utcnow()), "finishedAt": None, "empty": None,
+                                          "resumes": 0, "sandboxes": entries}
+                self._save(record, plan or {})
+            except BaseException:  # nothing runs: the lock must not say this replica drains the node
+                self._unlock(name)
+                raise
             self._local[name] = record
             out = copy.deepcopy(record)
         log.info("draining node %s: %d sandboxes to move", name, len(entries))
@@ -193,12 +192,12 @@ class Drains:
     def _resume(self, row: DrainRow) -> dict[str, Any]:
         """Take over the drain of ``row`` (caller holds ``_guard`` and the drain's lock)."""
         record = copy.deepcopy(dict(row.record))
-        record["resumes"] = int(row.resumes or 0) + 1
+        record["resumes"] = int(record.get("resumes") or 0) + 1
         left = [e["id"] for e in record["sandboxes"] if e["status"] not in FINISHED]
         log.warning("the drain of node %s was left unfinished by a server that is gone: taking it over (%d "
                     "sandboxes left to move)", row.node, len(left))
         self.cp.registry.cordon(row.node, True)  # still the drain's first step: nothing new goes there meanwhile
-        self._save(record, resumes=record["resumes"])
+        self._save(record)
         self._local[row.node] = record
         self._spawn(record, dict(row.plan or {}))
         return copy.deepcopy(record)
@@ -245,13 +244,11 @@ class Drains:
             log.info("drained node %s: %s", name, "empty" if not left else f"{len(left)} sandboxes stay")
         except Exception:  # the database went away: the record stays "draining" and is taken over later
             log.exception("the drain of node %s stopped", name)
+            return
+        finally:
             with self._guard:
                 self._local.pop(name, None)
                 self._unlock(name)
-            return
-        with self._guard:
-            self._local.pop(name, None)
-            self._unlock(name)
         finish = self.finishers.get(done["reason"])
         if finish is not None:
             try:

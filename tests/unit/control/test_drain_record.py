@@ -39,8 +39,7 @@ def test_a_drain_left_by_a_killed_server_is_taken_over_and_finished(
                       {**item, "id": done_id, "name": "a", "status": "done", "to": one.name, "seconds": 1.0},
                       {**item, "id": left_id, "name": "b", "status": "pending", "to": None, "seconds": None}]}
         with cp.store.session() as s, s.begin():
-            s.add(DrainRow(node="fake2", state="draining", reason="drain", record=record, plan={}, resumes=0,
-                           empty=None, updated_at=utcnow()))
+            s.add(DrainRow(node="fake2", state="draining", record=record, plan={}, updated_at=utcnow()))
 
         other = Drains(cp)  # another replica reading the same database
         assert other.get("fake2")["state"] == "draining" and other.running() == ["fake2"]
@@ -59,3 +58,16 @@ def test_a_node_never_drained_has_no_record(tmp_path: Path) -> None:
     with two_node_plane(tmp_path) as (cp, _one, _two):
         with pytest.raises(Exception, match="was never drained"):
             cp.drains.get("fake2")
+
+
+def test_a_drain_that_fails_to_start_keeps_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start that fails after it took the drain's lock (here the cordon) gives the lock up: held, it would tell
+    the other replicas this one drains the node (they answer ``busy`` and never take it over)."""
+    with two_node_plane(tmp_path) as (cp, _one, _two):
+        def broken(name: str, cordoned: bool) -> None:
+            raise RuntimeError("the database went away")
+
+        monkeypatch.setattr(cp.registry, "cordon", broken)
+        with pytest.raises(RuntimeError):
+            cp.drains.start("fake2")
+        assert "fake2" not in cp.drains._locks and cp.drains.running() == []

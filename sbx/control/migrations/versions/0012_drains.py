@@ -20,11 +20,8 @@ def upgrade() -> None:
         "drains",
         sa.Column("node", sa.String(64), primary_key=True),
         sa.Column("state", sa.String(16), nullable=False, index=True),
-        sa.Column("reason", sa.String(32), nullable=False),
         sa.Column("record", sa.JSON(), nullable=False),
         sa.Column("plan", sa.JSON(), nullable=False),
-        sa.Column("resumes", sa.Integer(), nullable=False, server_default="0"),
-        sa.Column("empty", sa.Boolean(), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     )
 
