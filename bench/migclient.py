@@ -34,6 +34,7 @@ from bench.report import Row
 
 if TYPE_CHECKING:
     from bench.figures import Ctx
+    from sbx.sdk import Sandbox
 
 MIB = 128
 
@@ -42,7 +43,7 @@ class ClientLoop:
     """``exec("echo ok")`` on ``sb`` in a loop in a thread between :meth:`start` and :meth:`stop`; ``answers`` are
     the monotonic times of the answers, ``errors`` what went wrong (an error or an answer other than ``ok``)."""
 
-    def __init__(self, sb: object):
+    def __init__(self, sb: Sandbox):
         self.sb = sb
         self.answers: list[float] = []
         self.errors: list[str] = []
@@ -52,7 +53,7 @@ class ClientLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                r = self.sb.exec("echo ok", timeout=60)  # type: ignore[attr-defined]
+                r = self.sb.exec("echo ok", timeout=60)
                 if (r.exit_code, r.stdout) != (0, "ok\n"):
                     self.errors.append(f"exit {r.exit_code}: {r.stdout!r} {r.stderr!r}")
             except Exception as e:

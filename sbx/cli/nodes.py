@@ -202,18 +202,17 @@ def migrate(
     """Move a running sandbox to another node while it runs (admin key): same id, URL, processes and memory,
     one short pause. A move that fails leaves it running where it was (exit 1 with the reason, with --wait)."""
     with client() as c:
-        before = c.run(P.get(sandbox_id)) if wait and not json_ else None
         with spinner(f"migrating {sandbox_id}", wait and not json_):
-            sb = c.run(P.migrate(sandbox_id, to, wait))
+            sb = c.run(P.migrate(sandbox_id, to, wait))  # with --wait, a move that failed is an error here
         moved = None
-        if before is not None:
+        if wait and not json_:
             moved = next((e for e in reversed(c.run(P.events(sandbox_id))) if e.get("event") == "migrated"), None)
     if json_:
         print_json({"sandbox": sb})
     elif not wait:
         out.print(f"{sb['id']} migrating from {sb['node']} (`sbx info {sb['id']}` shows where it runs)",
                   markup=False)
-    elif before is not None and moved is not None and sb["node"] != before["node"]:
+    elif moved is not None and moved["to"] == sb["node"]:
         out.print(f"{sb['id']} migrated {moved['from']} -> {moved['to']} in {moved.get('totalS') or 0:.2f} s, "
                   f"paused {moved.get('pauseS') or 0:.2f} s", markup=False)
     else:

@@ -47,7 +47,6 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Two]:
                   "SBX_NODE_TOKEN": n7.token, "SBX_NODE_HEARTBEAT_SECONDS": "1",
                   "SBX_NODE_UNREACHABLE_SECONDS": "5", "SBX_DRAIN_PARALLEL": "1"}
         (tmp / "a").mkdir()
-        (tmp / "b" / "state").mkdir(parents=True)
         a = FaultServer(tmp / "a", prefix="SBX_DRTA", node="drta", bridge="sbxdta0", subnet="10.40.0.0/16", **common)
         b = FaultServer(tmp / "b", prefix="SBX_DRTB", node="drtb", bridge="sbxdtb0", subnet="10.41.0.0/16", **common)
 

@@ -47,7 +47,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         common = {"SBX_DATABASE_URL": pg.create_db("sbx_replicas"), "SBX_NODE_URL": node.url,
                   "SBX_NODE_TOKEN": node.token, "SBX_NODE_HEARTBEAT_SECONDS": "1"}
         (tmp / "a").mkdir()
-        (tmp / "b" / "state").mkdir(parents=True)
+        (tmp / "b").mkdir()
         a = FaultServer(tmp / "a", prefix="SBX_REPLA", node="repla", bridge="sbxrpa0", subnet="10.83.0.0/16",
                         **common)
         b = FaultServer(tmp / "b", prefix="SBX_REPLB", node="replb", bridge="sbxrpb0", subnet="10.82.0.0/16",
