@@ -101,7 +101,11 @@ class IncomingMixin(NodeBase):
         the file and restore calls>, "image": {"name", "sha256"}}`` (this node's base image, which the source
         may send its disk as a delta against).
 
-        Raises ``NodeError``: ``exists`` (the id is on this node), ``cpu_mismatch`` (a memory image of that host
+        An earlier arrival of the same id that was never confirmed is replaced: its move was abandoned (a server
+        replica died between this call and the source's ``migrate_out``; a move in flight ends before the control
+        plane starts another of the sandbox), as a restart of this agent would drop it.
+
+        Raises ``NodeError``: ``exists`` (the id runs on this node), ``cpu_mismatch`` (a memory image of that host
         can't be restored here: the fields are named), and what a new record raises (``no_space``...)."""
         diff = criu.fingerprint_mismatch(fingerprint, criu.host_fingerprint(str(self.runtime.criu)))
         if diff:
@@ -110,7 +114,11 @@ class IncomingMixin(NodeBase):
         self.departed(spec.id)  # moving back here right after it left: its old copy goes first
         with self._lock(spec.id):
             if (self._dir(spec.id) / "node.json").is_file():
-                raise NodeError("exists", f"sandbox {spec.id} is already on this node")
+                if self._record(spec.id).get("phase") != INCOMING:
+                    raise NodeError("exists", f"sandbox {spec.id} is already on this node")
+                log.warning("%s: replacing an arrival that was never confirmed (its move was abandoned)", spec.id)
+                self._stop_pages(spec.id)
+                self.delete(spec.id)
             ticket = "sbxm_" + secrets.token_urlsafe(32)
             self._new_record(spec)
             self._set_phase(spec.id, INCOMING, ticketSha256=hashlib.sha256(ticket.encode()).hexdigest(),

@@ -298,3 +298,20 @@ def test_a_sandbox_resumed_from_its_memory_image_forks_with_its_memory(nodes: tu
     assert holder_check(src, sid) == before
     src.delete(fork.id)
     src.delete(sid)
+
+
+def test_an_arrival_left_by_an_abandoned_move_is_replaced_by_the_next_move(nodes: tuple[NodeHost, NodeHost]) -> None:
+    """A server replica that died between the destination's prepare and the source's migrate_out left an arrival
+    on B that nobody feeds; the next move of that sandbox to B replaces it instead of failing with ``exists``
+    (seen in CI: a drain taken over by another replica)."""
+    a, b = nodes
+    src, dst = client(a), client(b)
+    spec = new_sandbox(a)
+    sid = spec.id
+    before = holder_check(src, sid)
+    dst.migrate_prepare(spec, src.info().fingerprint)  # the abandoned move's first step
+    assert dst.status(sid) == "absent" and sandbox_dir(b, sid).exists()
+    there = migrate(src, dst, b.url, spec)
+    assert there["pauseS"] > 0 and dst.status(sid) == "running"
+    assert holder_check(dst, sid) == before
+    dst.delete(sid)
