@@ -2,9 +2,9 @@
 
 - ``template``: ``Sandbox.create(type="small")`` until a first ``exec("true")`` answers, ``repeats`` times each
   way: from a warm sandbox (one already restored from the template, :mod:`sbx.node.warmpool`; the figure waits
-  until one is ready), right after it from the small memory template itself (no warm one left: the node makes the
-  next a second after a take), and with ``cold=True`` (the cold boot both replace). The template is built in the
-  background after the first cold boot of the size; the figure waits for it. Each create is checked to have
+  until the node's pool is full), from the small memory template itself (after untimed creates took every warm
+  one left, before the node made the next), and with ``cold=True`` (the cold boot both replace). The template is
+  built in the background after the first cold boot of the size; the figure waits for it. Each create is checked to have
   started the way its row says (the node's record, ``startedFrom``).
 - ``forkmem``: ``fork(memory=True)`` of a running ``default`` sandbox whose detached python3 holds 128 MiB of
   touched random memory, until the fork answers an exec; checks the holder runs in the fork with the same PID.
@@ -40,20 +40,26 @@ def wait_template(node_dir: Path, type: str = "small", timeout: float = TEMPLATE
         time.sleep(0.5)
 
 
-def wait_warm(node_dir: Path, type: str = "small", timeout: float = TEMPLATE_WAIT) -> None:
-    """Return once a warm sandbox of ``type`` is ready on the node whose folder is ``node_dir`` (a record in phase
-    ``pooled``); raises ``RuntimeError`` after ``timeout`` seconds."""
+def warm_count(node_dir: Path, type: str = "small") -> int:
+    """How many warm sandboxes of ``type`` are ready on the node whose folder is ``node_dir`` (records in phase
+    ``pooled``)."""
+    n = 0
+    for rec_file in (node_dir / "sandboxes").glob("*/node.json"):
+        try:
+            rec = json.loads(rec_file.read_text())
+        except (OSError, ValueError):
+            continue
+        n += rec.get("phase") == "pooled" and rec.get("pooled") == type
+    return n
+
+
+def wait_warm(node_dir: Path, type: str = "small", count: int = 1, timeout: float = TEMPLATE_WAIT) -> None:
+    """Return once ``count`` warm sandboxes of ``type`` are ready on the node whose folder is ``node_dir``; raises
+    ``RuntimeError`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while True:
-        for rec_file in (node_dir / "sandboxes").glob("*/node.json"):
-            try:
-                rec = json.loads(rec_file.read_text())
-            except (OSError, ValueError):
-                continue
-            if rec.get("phase") == "pooled" and rec.get("pooled") == type:
-                return
+    while warm_count(node_dir, type) < count:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no warm {type} sandbox was made in {node_dir} within {timeout:.0f} s")
+            raise RuntimeError(f"no {count} warm {type} sandboxes were made in {node_dir} within {timeout:.0f} s")
         time.sleep(0.1)
 
 
@@ -76,21 +82,32 @@ def fig_template(ctx: Ctx) -> list[Row]:
         F._delete(ctx, first.id)
         ids.discard(first.id)
         wait_template(node_dir)
+        pool = max(1, ctx.srv.settings.warm_pool)
+
+        def make(name: str, kind: str | None) -> None:
+            """Create ``name``; with ``kind``, time it to its first exec and check it started that way."""
+            t0 = time.perf_counter()
+            sb = Sandbox.create(type="small", name=name, ttl=F.TTL, client=ctx.sdk, cold=kind == "boot")
+            ids.add(sb.id)
+            ctx.made.add(sb.id)
+            if kind is None:
+                return
+            r = sb.exec("true")
+            samples[kind].append(F._since(t0))
+            F._check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
+            got = _started_from(node_dir, sb.id)
+            F._check(got == kind, f"{sb.id} started from {got!r}, not {kind!r}")
+
         for i in range(ctx.repeats):
-            wait_warm(node_dir)
-            for kind in ("pool", "template", "boot"):
-                t0 = time.perf_counter()
-                sb = Sandbox.create(type="small", name=f"bench-template-{i}", ttl=F.TTL, client=ctx.sdk,
-                                    cold=kind == "boot")
-                ids.add(sb.id)
-                ctx.made.add(sb.id)
-                r = sb.exec("true")
-                samples[kind].append(F._since(t0))
-                F._check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
-                got = _started_from(node_dir, sb.id)
-                F._check(got == kind, f"{sb.id} started from {got!r}, not {kind!r}")
-                F._delete(ctx, sb.id)
-                ids.discard(sb.id)
+            wait_warm(node_dir, count=pool)
+            make(f"bench-template-{i}-pool", "pool")
+            for j in range(pool - 1):  # the other warm ones, taken before the node makes the next
+                make(f"bench-template-{i}-drain{j}", None)
+            make(f"bench-template-{i}-template", "template")
+            make(f"bench-template-{i}-boot", "boot")
+            for sid in list(ids):
+                F._delete(ctx, sid)
+                ids.discard(sid)
     return [
         Row("template", "create small from a warm sandbox → first exec (SDK)", "s", samples["pool"],
             ANCHORS["template"]),

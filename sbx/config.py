@@ -148,10 +148,11 @@ class Settings:
     """Memory templates (issue 13, :mod:`sbx.node.templates`): ``sbx new`` restores a checkpointed base sandbox of
     its size instead of cold booting, once that size's template is built (in the background, after the first cold
     boot of the size). ``SBX_TEMPLATES=0`` turns them off (every ``new`` cold boots)."""
-    warm_pool: int = 1
+    warm_pool: int = 2
     """Warm sandboxes (issue 13, :mod:`sbx.node.warmpool`) each node keeps per size whose template is built:
     sandboxes already restored from the template, which the next ``sbx new`` of that size takes over (~0.1 s
-    instead of the ~0.4 s restore). ``SBX_WARM_POOL=0`` turns them off."""
+    instead of the ~0.4 s restore). Two, so that creates in quick succession (a client making a few at once)
+    find one while the node makes the next. ``SBX_WARM_POOL=0`` turns them off."""
     node_url: str = ""
     """Several nodes (issue 10): the URL of a node agent (``sbx node serve``), e.g. ``http://10.0.0.2:7700``. Set,
     ``sbx server`` runs no sandboxes itself and sends every node call there (:mod:`sbx.node.remote`); empty (the

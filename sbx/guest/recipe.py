@@ -16,6 +16,7 @@ Customisation, in the order the builder applies it:
 5. :data:`REMOVE_GLOBS` / :data:`EMPTY_FILES` / :data:`PLAIN_FILES`: no SSH host keys in the image (each
    sandbox makes its own), an empty ``/etc/machine-id`` (the host writes a fresh one before boot), and plain
    files for ``/etc/hostname`` and ``/etc/resolv.conf`` (the host overwrites both before boot).
+6. :data:`TEXT_EDITS`: small edits of the base's own files (a login shell without a subshell).
 
 :func:`recipe_hash` is a sha256 over all of this plus the bytes and modes of every file in ``files/``; the
 image cache is keyed by it, so any change here rebuilds the image.
@@ -191,6 +192,15 @@ PLAIN_FILES = {
 }
 
 
+#: Text replaced in files of the installed base (path, old, new; every occurrence; a missing ``old`` fails the
+#: build). Debian's ``/etc/profile`` (copied by base-files only when missing, so no package upgrade rewrites
+#: it) runs ``id -u`` in a subshell twice for every login shell; each ``sbx exec`` is one (``bash -lc``), and the
+#: fork and exec of ``id`` were about 1 ms of a 3 ms command. bash knows its ``EUID``; a POSIX sh still runs ``id``.
+TEXT_EDITS = (
+    ("/etc/profile", "$(id -u)", "${EUID:-$(id -u)}"),
+)
+
+
 def files_dir() -> Path:
     """The folder holding the guest files (``sbx/guest/files``)."""
     return Path(__file__).resolve().parent / "files"
@@ -221,6 +231,7 @@ def recipe_data() -> dict[str, object]:
         "remove_globs": list(REMOVE_GLOBS),
         "empty_files": list(EMPTY_FILES),
         "plain_files": dict(PLAIN_FILES),
+        "text_edits": [list(e) for e in TEXT_EDITS],
         "filesystem": dict(FILESYSTEM),
     }
 

@@ -423,6 +423,12 @@ def customise_rootfs(rootfs: Path) -> None:
             p.unlink()
         p.write_text(content)
         os.chmod(p, 0o644)
+    for path, old, new in recipe.TEXT_EDITS:
+        p = _inside(rootfs, path)
+        text = p.read_text()
+        if old not in text:
+            raise ImageError(f"image recipe: {path} no longer contains {old!r}; update recipe.TEXT_EDITS")
+        p.write_text(text.replace(old, new))
     # mmdebstrap already empties /tmp, /run and the apt cache; drop any package files a hook left behind.
     for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
         deb.unlink()

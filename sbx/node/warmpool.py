@@ -8,7 +8,7 @@ asks for one before it writes a new sandbox's row (:meth:`WarmPoolMixin.pool_tak
 template's restore gives: hostname in the UTS namespace and the files, machine-id, ``/etc/sbx/identity`` and so new
 SSH host keys) and it is running. Each claim starts making a new one in the background.
 
-- How many: ``Settings.warm_pool`` per size (``SBX_WARM_POOL``, default 1; 0 turns warm sandboxes off), only for
+- How many: ``Settings.warm_pool`` per size (``SBX_WARM_POOL``, default 2; 0 turns warm sandboxes off), only for
   sizes whose template exists, so a size nobody used costs nothing. What one costs while it waits: the memory of an
   idle base system (its RSS; the size's limit is not reserved for it) and a reflinked disk copy.
 - What it holds: the pristine template restored with the hostname ``sbx-pool`` and ``/tmp`` emptied; no user's
@@ -39,6 +39,9 @@ from sbx.runtime.base import RuntimeError_
 log = logging.getLogger("sbx.node")
 
 POOL_HOSTNAME = "sbx-pool"
+FILL_DELAY = 0.3
+"""Seconds a fill waits after the take that started it: the create that took the warm sandbox answers its first
+exec then (~50 ms), on the same CPUs. It was a second; creates in quick succession then found none."""
 TAKE_SECONDS = 60.0
 """Seconds a taken warm sandbox waits for the create that names it; then it is deleted (the create went
 elsewhere or failed before it reached the node)."""
@@ -123,8 +126,7 @@ class WarmPoolMixin(NodeBase):
     def _pool_fill_later(self, size: Size) -> None:
         """Make warm sandboxes of ``size`` in a background thread until ``Settings.warm_pool`` are ready (one
         thread per size at a time; nothing when warm sandboxes or templates are off, the template is not built, or
-        the server is shutting down). The thread waits a second first: the create that took the last one is
-        answering its first exec then, on the same CPUs."""
+        the server is shutting down). The thread waits :data:`FILL_DELAY` first."""
         want = self.settings.warm_pool if self.settings.templates else 0
         if want <= 0 or self._shutdown_at is not None:
             return
@@ -135,7 +137,7 @@ class WarmPoolMixin(NodeBase):
 
         def run() -> None:
             try:
-                time.sleep(1.0)
+                time.sleep(FILL_DELAY)
                 while self._shutdown_at is None and self.template_ready(size) is not None:
                     with self._pool_guard:
                         if len(self._pool_ready.get(size.name, [])) >= want:

@@ -67,6 +67,15 @@ def test_exec_goes_through_the_agent_and_behaves_as_runc_exec(sdk: Client) -> No
         # the command lives in the sandbox's own cgroup as under runc exec (memory, OOM kills, CPU count there)
         assert sb.exec("cat /proc/self/cgroup | grep -c ':/$'").stdout.strip() == sb.exec(
             "cat /proc/self/cgroup | wc -l").stdout.strip()
+        # ...while the agent, which moves there only for the moment of each spawn, is back in its service's
+        agent = _root(sb, "systemctl show -p MainPID --value sbx-agent").strip()
+        assert "name=systemd:/system.slice/sbx-agent.service\n" in _root(sb, f"cat /proc/{agent}/cgroup")
+        assert sb.exec("cat /proc/self/cgroup | grep -c ':/$'", user="root").stdout.strip() == sb.exec(
+            "cat /proc/self/cgroup | wc -l", user="root").stdout.strip()
+        # the login shell's PATH as Debian's /etc/profile makes it for each (the image lets bash skip its `id -u`)
+        assert sb.exec("echo $PATH").stdout.strip() == "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+        assert sb.exec("echo $PATH", user="root").stdout.strip() == (
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         blob = bytes(range(256)) * 64
         r = sb.exec(f"echo {base64.b64encode(blob).decode()} | base64 -d", binary=True)
         assert r.stdout_bytes == blob
