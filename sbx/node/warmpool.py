@@ -23,10 +23,12 @@ SSH host keys) and it is running. Each claim starts making a new one in the back
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import secrets
+import socket
 import string
-import subprocess
 import threading
 import time
 
@@ -46,6 +48,36 @@ TAKE_SECONDS = 60.0
 """Seconds a taken warm sandbox waits for the create that names it; then it is deleted (the create went
 elsewhere or failed before it reached the node)."""
 _ALPHABET = string.ascii_lowercase + string.digits
+
+
+def set_hostname(pid: int, hostname: str) -> None:
+    """Set the hostname of the UTS namespace of host process ``pid`` (a sandbox's init), as ``nsenter --target
+    PID --uts hostname NAME`` does, without the two processes (~10 ms here): a short-lived thread joins the
+    namespace (setns(2) is per thread) and calls sethostname(2). Raises ``OSError``."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/proc/{pid}/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWUTS) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into the UTS namespace of {pid}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            socket.sethostname(hostname)
+        except BaseException as e:  # handed to the caller's thread
+            failure.append(e)
+
+    t = threading.Thread(target=run, name="sbx-uts", daemon=True)
+    t.start()
+    t.join()
+    if failure:
+        raise failure[0]
+
+
+_CLONE_NEWUTS = 0x04000000
 
 
 def _new_id() -> str:
@@ -107,15 +139,15 @@ class WarmPoolMixin(NodeBase):
             pid = self.runtime.init_pid(spec.id)
             if pid is None:
                 raise NodeError("restore_failed", "the warm sandbox's init is gone")
-            p = subprocess.run(["nsenter", f"--target={pid}", "--uts", "hostname", spec.hostname],
-                               capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=10)
-            if p.returncode != 0:
-                raise NodeError("restore_failed", f"setting the hostname: {p.stderr.strip()}")
+            try:
+                set_hostname(pid, spec.hostname)
+            except OSError as e:
+                raise NodeError("restore_failed", f"setting the hostname: {e}") from e
             st.mark("hostname")
             self._apply_egress(spec.id, rec)
             self._after_restore(spec.id, clear_tmp=False)
             st.mark("after-restore")
-        except (NodeError, RuntimeError_, OSError, subprocess.TimeoutExpired) as e:
+        except (NodeError, RuntimeError_, OSError) as e:
             log.warning("%s: the warm sandbox could not be used, deleting it: %s", spec.id, e)
             self.delete(spec.id)
             return False

@@ -31,8 +31,9 @@ COUNTER = (
 
 def _settings():
     node, bridge, subnet = slotted("e2enode", "sbxn0", "10.91.0.0/16")
+    # no warm sandboxes: one still being made when the module's node is dropped would be left running
     return load_settings(profile="test", node_name=node, bridge=bridge, subnet=subnet,
-                         require_memory_wait=REQUIRE_MEMORY_WAIT)
+                         require_memory_wait=REQUIRE_MEMORY_WAIT, warm_pool=0)
 
 
 REQUIRE_MEMORY_WAIT = 4.0
