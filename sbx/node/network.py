@@ -42,6 +42,7 @@ from sbx.node import netlink
 from sbx.node.egress import EgressPolicy
 from sbx.node.nft import NftError
 from sbx.node.nft import run as _nft
+from sbx.node.nsjoin import CLONE_NEWNET, in_namespace
 
 NUD_PERMANENT = 0x80  # linux/neighbour.h
 
@@ -309,39 +310,15 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
     in_netns(netns_path, inside)
 
 
-_CLONE_NEWNET = 0x40000000
-
-
 def in_netns(netns_path: str, work: Callable[[IPRoute], None]) -> None:
-    """Run ``work(ipr)`` with a netlink socket of the network namespace at ``netns_path``. A network namespace is
-    joined per thread (setns(2)), so a short-lived thread joins it, opens the socket and does the work; the
-    caller's thread (and the rest of the process) never leaves its own namespace. pyroute2's ``NetNS`` would
-    start a proxy process for this (~0.1 s, and a fork of a threaded server). Re-raises what ``work`` raised."""
-    import ctypes
-    import threading
-
-    failure: list[BaseException] = []
+    """Run ``work(ipr)`` with a netlink socket of the network namespace at ``netns_path``, from a thread that
+    joined it (:func:`sbx.node.nsjoin.in_namespace`). Re-raises what ``work`` raised."""
 
     def run() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {netns_path}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            with IPRoute() as ipr:
-                work(ipr)
-        except BaseException as e:  # handed to the caller's thread
-            failure.append(e)
+        with IPRoute() as ipr:
+            work(ipr)
 
-    t = threading.Thread(target=run, name="sbx-netns", daemon=True)
-    t.start()
-    t.join()
-    if failure:
-        raise failure[0]
+    in_namespace(netns_path, CLONE_NEWNET, run)
 
 
 def unwire_sandbox(lease: Lease, bridge: str = "", node_name: str = "") -> None:

@@ -23,9 +23,7 @@ SSH host keys) and it is running. Each claim starts making a new one in the back
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import secrets
 import socket
 import string
@@ -34,6 +32,7 @@ import time
 
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
+from sbx.node.nsjoin import CLONE_NEWUTS, in_namespace
 from sbx.node.steps import Steps
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime.base import RuntimeError_
@@ -52,32 +51,9 @@ _ALPHABET = string.ascii_lowercase + string.digits
 
 def set_hostname(pid: int, hostname: str) -> None:
     """Set the hostname of the UTS namespace of host process ``pid`` (a sandbox's init), as ``nsenter --target
-    PID --uts hostname NAME`` does, without the two processes (~10 ms here): a short-lived thread joins the
-    namespace (setns(2) is per thread) and calls sethostname(2). Raises ``OSError``."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/proc/{pid}/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWUTS) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into the UTS namespace of {pid}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            socket.sethostname(hostname)
-        except BaseException as e:  # handed to the caller's thread
-            failure.append(e)
-
-    t = threading.Thread(target=run, name="sbx-uts", daemon=True)
-    t.start()
-    t.join()
-    if failure:
-        raise failure[0]
-
-
-_CLONE_NEWUTS = 0x04000000
+    PID --uts hostname NAME`` does, without its two processes (~10 ms here): sethostname(2) from a thread that
+    joined the namespace (:func:`sbx.node.nsjoin.in_namespace`). Raises ``OSError``."""
+    in_namespace(f"/proc/{pid}/ns/uts", CLONE_NEWUTS, lambda: socket.sethostname(hostname))
 
 
 def _new_id() -> str:
