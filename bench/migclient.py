@@ -86,6 +86,7 @@ def fig_migclient(ctx: Ctx) -> list[Row]:
     from bench import figures as F
     from bench.xresume import keep_logs, two_nodes
     from sbx.sdk import Sandbox
+    from sbx.sdk import nodes as N
     from sbx.sdk import protocol as P
 
     seen: list[float] = []
@@ -99,10 +100,10 @@ def fig_migclient(ctx: Ctx) -> list[Row]:
                     names = [n.node_name for n in nodes]
                     sub = F.Ctx(srv, sdk, ctx.repeats, say=ctx.say)
                     with F._tracked(sub) as ids:
-                        sdk.run(P.cordon(names[1], True))
+                        sdk.run(N.cordon(names[1], True))
                         sb = Sandbox.create(type="default", name="bench-migclient", ttl=F.TTL, client=sdk)
                         ids.add(sb.id)
-                        sdk.run(P.cordon(names[1], False))
+                        sdk.run(N.cordon(names[1], False))
                         pid = F.start_holder(sb, MIB, f"{MIB} MiB")
                         ctx.say(f"  {MIB} MiB held by pid {pid} in a default sandbox {sb.id} on {names[0]}")
                         client = ClientLoop(Sandbox(dict(sb.data), sdk))

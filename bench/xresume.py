@@ -120,14 +120,14 @@ def _working_set(ctx: Ctx, srv: BenchServer, nodes: list[NodeHost], label: str, 
     from bench import figures as F
     from sbx.config import load_settings
     from sbx.sdk import Sandbox
-    from sbx.sdk import protocol as P
+    from sbx.sdk import nodes as N
 
     names = [n.node_name for n in nodes]
 
     def only(name: str) -> None:
         """Cordon every node but ``name``."""
         for n in names:
-            sdk.run(P.cordon(n, n != name))
+            sdk.run(N.cordon(n, n != name))
 
     same: list[float] = []
     cross: list[float] = []

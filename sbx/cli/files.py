@@ -21,7 +21,7 @@ import typer
 
 from sbx.cli.common import client, err, fail, handle_errors
 from sbx.sdk import Client, SbxError
-from sbx.sdk import protocol as P
+from sbx.sdk import filecalls as FC
 
 CHUNK = 1 << 20
 _REMOTE = re.compile(r"^(sb_[a-z0-9]{10}):(.*)$", re.S)
@@ -37,7 +37,7 @@ def parse_remote(spec: str) -> tuple[str, str] | None:
 
 def _remote_stat(c: Client, sid: str, path: str, user: str) -> dict[str, Any] | None:
     try:
-        return c.run(P.stat_file(sid, path, user))  # type: ignore[no-any-return]
+        return c.run(FC.stat_file(sid, path, user))  # type: ignore[no-any-return]
     except SbxError as e:
         if e.code == "not_found":
             return None
@@ -126,7 +126,7 @@ def _untar_into(dest: Path) -> tuple[Any, threading.Thread, list[BaseException]]
 def upload(c: Client, local: str, sid: str, path: str, user: str) -> None:
     """Copy local file or folder ``local`` (``-``: stdin) to ``path`` in the sandbox."""
     if local == "-":
-        c.run(P.write_file(sid, path, _file_chunks(sys.stdin.buffer), user))
+        c.run(FC.write_file(sid, path, _file_chunks(sys.stdin.buffer), user))
         return
     src = Path(local)
     if not src.exists():
@@ -135,17 +135,17 @@ def upload(c: Client, local: str, sid: str, path: str, user: str) -> None:
     into = (st is not None and st["type"] == "directory") or path.endswith("/")
     target = path.rstrip("/") + "/" + src.resolve().name if into else path
     if src.is_dir():
-        c.run(P.write_file(sid, target, _tar_stream(src), user, archive=True))
+        c.run(FC.write_file(sid, target, _tar_stream(src), user, archive=True))
     else:
         with src.open("rb") as f:
-            c.run(P.write_file(sid, target, _file_chunks(f), user))
+            c.run(FC.write_file(sid, target, _file_chunks(f), user))
 
 
 def download(c: Client, sid: str, path: str, local: str, user: str) -> None:
     """Copy file or folder ``path`` of the sandbox to ``local`` (``-``: stdout)."""
     if local == "-":
         out = sys.stdout.buffer
-        c.run(P.read_file(sid, path, user, out.write))
+        c.run(FC.read_file(sid, path, user, out.write))
         out.flush()
         return
     st = _remote_stat(c, sid, path, user)
@@ -159,7 +159,7 @@ def download(c: Client, sid: str, path: str, local: str, user: str) -> None:
         w, t, failure = _untar_into(dst)
         try:
             with w:
-                c.run(P.read_file(sid, path, user, w.write, archive=True))
+                c.run(FC.read_file(sid, path, user, w.write, archive=True))
         except BrokenPipeError:
             pass
         t.join()
@@ -169,7 +169,7 @@ def download(c: Client, sid: str, path: str, local: str, user: str) -> None:
     tmp = dst.with_name(f".{dst.name}.sbx-part")
     try:
         with tmp.open("wb") as f:
-            c.run(P.read_file(sid, path, user, f.write))
+            c.run(FC.read_file(sid, path, user, f.write))
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)

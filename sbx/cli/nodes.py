@@ -20,6 +20,7 @@ import typer
 from sbx.cli.admin import SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
 from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, print_json, print_table, spinner
 from sbx.config import load_settings
+from sbx.sdk import nodes as N
 from sbx.sdk import protocol as P
 
 app = typer.Typer(help="This host's node agent (several nodes).", no_args_is_help=True)
@@ -79,7 +80,7 @@ def list_(json_: bool = JSON_OPT) -> None:
     consolidation: `sbx node remove` takes it); MEMORY, DISK FREE and VCPUS are its capacity, LOAD its 1-minute
     load."""
     with client() as c:
-        items = c.run(P.nodes())
+        items = c.run(N.nodes())
     if json_:
         print_json({"nodes": items})
         return
@@ -100,7 +101,7 @@ def add(
 ) -> None:
     """Add a node agent to the nodes every server replica drives (new sandboxes may go there)."""
     with client() as c:
-        node = c.run(P.add_node(url, token))
+        node = c.run(N.add_node(url, token))
     if json_:
         print_json({"node": node})
         return
@@ -112,7 +113,7 @@ def add(
 def remove(name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`).")) -> None:
     """Stop driving an added node (it must hold no sandbox)."""
     with client() as c:
-        c.run(P.remove_node(name))
+        c.run(N.remove_node(name))
     out.print(f"removed {name}", markup=False)
 
 
@@ -121,7 +122,7 @@ def remove(name: str = typer.Argument(..., help="The node (a NAME of `sbx node l
 def cordon(name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`).")) -> None:
     """Place no new sandbox on NODE; the sandboxes it holds keep running."""
     with client() as c:
-        c.run(P.cordon(name, True))
+        c.run(N.cordon(name, True))
     out.print(f"cordoned {name}", markup=False)
 
 
@@ -130,7 +131,7 @@ def cordon(name: str = typer.Argument(..., help="The node (a NAME of `sbx node l
 def uncordon(name: str = typer.Argument(..., help="The node (a NAME of `sbx node list`).")) -> None:
     """Let new sandboxes go to NODE again."""
     with client() as c:
-        c.run(P.cordon(name, False))
+        c.run(N.cordon(name, False))
     out.print(f"uncordoned {name}", markup=False)
 
 
@@ -162,7 +163,7 @@ def drain(
     import time
 
     with client() as c:
-        d = c.run(P.drain(name))
+        d = c.run(N.drain(name))
         if wait:
             if not json_:
                 out.print(f"draining {name}: {len(d['sandboxes'])} sandboxes to move"
@@ -177,7 +178,7 @@ def drain(
                 if d["state"] == "done":
                     break
                 time.sleep(0.5)
-                d = c.run(P.drain_status(name))
+                d = c.run(N.drain_status(name))
     if json_:
         print_json({"drain": d})
     elif not wait:
@@ -225,7 +226,7 @@ def consolidation(json_: bool = JSON_OPT) -> None:
     """What the consolidation loop (SBX_CONSOLIDATE_SECONDS) decided last: which light node it empties onto
     fuller ones and where each sandbox goes, or why it empties none; each node's memory use; its last drain."""
     with client() as c:
-        k = c.run(P.consolidation())
+        k = c.run(N.consolidation())
     if json_:
         print_json({"consolidation": k})
         return

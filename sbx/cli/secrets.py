@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 
 from sbx.cli.common import JSON_OPT, client, fail, handle_errors, out, print_json, print_table
-from sbx.sdk import protocol as P
+from sbx.sdk import secrets as S
 
 app = typer.Typer(help="Secrets the egress proxy injects (sandboxes use placeholders, never values).",
                   no_args_is_help=True)
@@ -69,7 +69,7 @@ def set_(
         raise fail("invalid_rules", "--path, --method, --header and --basic-user need --host")
     value = _read_value(file)
     with client() as c:
-        sec = c.run(P.put_secret(name, value, rules))
+        sec = c.run(S.put_secret(name, value, rules))
     if json_:
         print_json({"secret": sec})
     else:
@@ -93,7 +93,7 @@ def _rule_text(rule: dict[str, object]) -> str:
 def list_(json_: bool = JSON_OPT) -> None:
     """Secrets: names, versions, rules and bound sandboxes (never values)."""
     with client() as c:
-        items = c.run(P.secrets())
+        items = c.run(S.secrets())
     if json_:
         print_json({"secrets": items})
         return
@@ -107,7 +107,7 @@ def list_(json_: bool = JSON_OPT) -> None:
 def rm(name: str = typer.Argument(..., help="Secret name.")) -> None:
     """Delete a secret; sandboxes bound to it stop getting it at once."""
     with client() as c:
-        c.run(P.delete_secret(name))
+        c.run(S.delete_secret(name))
 
 
 @app.command("log")
@@ -117,7 +117,7 @@ def log(name: str = typer.Argument(..., help="Secret name."),
         json_: bool = JSON_OPT) -> None:
     """Each request the proxy put the secret into: time, sandbox, host, method, path, upstream status."""
     with client() as c:
-        uses = c.run(P.secret_log(name, limit))
+        uses = c.run(S.secret_log(name, limit))
     if json_:
         print_json({"uses": uses})
         return
@@ -132,7 +132,7 @@ def bind(sandbox_id: str = typer.Argument(..., help="Sandbox id."),
          name: str = typer.Argument(..., help="Secret name.")) -> None:
     """Let a running or stopped sandbox use a secret (from its next connection on)."""
     with client() as c:
-        names = c.run(P.bind_secret(sandbox_id, name))
+        names = c.run(S.bind_secret(sandbox_id, name))
     out.print(" ".join(names), markup=False)
 
 
@@ -142,5 +142,5 @@ def unbind(sandbox_id: str = typer.Argument(..., help="Sandbox id."),
            name: str = typer.Argument(..., help="Secret name.")) -> None:
     """Take a secret away from a sandbox."""
     with client() as c:
-        names = c.run(P.bind_secret(sandbox_id, name, bind=False))
+        names = c.run(S.bind_secret(sandbox_id, name, bind=False))
     out.print(" ".join(names) or "-", markup=False)

@@ -7,7 +7,7 @@
    the source can send to) and the row goes ``running -> migrating`` (persisted before anything moves; an exec, a
    file call or a hosted-port request meanwhile waits for it as it waits for a resume); event ``migrating`` with
    ``from`` and ``to``;
-2. a worker calls :func:`sbx.node.migration.migrate` with the two node clients of the router (the data goes node
+2. a worker calls :func:`sbx.node.livemove.migrate` with the two node clients of the router (the data goes node
    to node);
 3. on success the row's ``node`` column is pointed at the destination (the commit point: every later call, hosted
    port and the sandbox's egress-proxy binding follow it), the egress-proxy binding is re-applied there when
@@ -37,7 +37,7 @@ from sbx.control import placement
 from sbx.control.errors import ControlError
 from sbx.control.moving import MoveOps
 from sbx.control.store import SandboxRow
-from sbx.node import migration
+from sbx.node import livemove
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.control")
@@ -52,7 +52,7 @@ class MigrateOps(MoveOps):
     @functools.cached_property
     def migration_figures(self) -> dict[str, dict[str, Any]]:
         """``{sandbox id: figures}`` of each sandbox's last live migration from this replica (what
-        :func:`sbx.node.migration.migrate` returned: ``pauseS``, ``totalS``, bytes...)."""
+        :func:`sbx.node.livemove.migrate` returned: ``pauseS``, ``totalS``, bytes...)."""
         return {}
 
     def _no_api(self) -> dict[str, str]:
@@ -115,8 +115,8 @@ class MigrateOps(MoveOps):
                 if dst not in agents:
                     raise NodeError("node_unknown", f"node {dst} is no longer registered")
                 # both are node agents with the migration calls (LocalNode or RemoteNode)
-                figures = migration.migrate(cast(migration.MigrationNode, self.router.agent(src)),
-                                            cast(migration.MigrationNode, agents[dst][1]), agents[dst][0], spec)
+                figures = livemove.migrate(cast(livemove.MigrationNode, self.router.agent(src)),
+                                            cast(livemove.MigrationNode, agents[dst][1]), agents[dst][0], spec)
             except NodeError as e:
                 self._unreserve(sandbox_id)
                 self._migrate_failed(sandbox_id, src, dst, e, reason)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
+from sbx.sdk import filecalls as FC
 from sbx.sdk import protocol as P
 from sbx.sdk.errors import SbxError
 
@@ -22,24 +23,24 @@ class Files:
 
     def read(self, path: str, user: str = "user") -> bytes:
         """The file's bytes."""
-        return self._sb.client.run(P.read_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+        return self._sb.client.run(FC.read_file(self._sb.id, path, user))  # type: ignore[no-any-return]
 
     def read_to(self, path: str, on_chunk: P.ChunkHandler, user: str = "user", archive: bool = False) -> int:
         """Stream the file (or, with ``archive``, a directory as tar) to ``on_chunk``; returns the byte count."""
-        return self._sb.client.run(P.read_file(self._sb.id, path, user, on_chunk, archive))  # type: ignore
+        return self._sb.client.run(FC.read_file(self._sb.id, path, user, on_chunk, archive))  # type: ignore
 
     def write(self, path: str, data: Any, user: str = "user", archive: bool = False) -> dict[str, Any]:
         """Write ``data`` (bytes, str, or an iterator of bytes for large files) to ``path``; parents are made.
         With ``archive``, ``data`` is a tar stream extracted into directory ``path``."""
-        return self._sb.client.run(P.write_file(self._sb.id, path, data, user, archive))  # type: ignore
+        return self._sb.client.run(FC.write_file(self._sb.id, path, data, user, archive))  # type: ignore
 
     def list(self, path: str = "~", user: str = "user") -> builtins.list[dict[str, Any]]:
         """Entries of a directory."""
-        return self._sb.client.run(P.list_files(self._sb.id, path, user))  # type: ignore[no-any-return]
+        return self._sb.client.run(FC.list_files(self._sb.id, path, user))  # type: ignore[no-any-return]
 
     def stat(self, path: str, user: str = "user") -> dict[str, Any]:
         """One entry (``type``, ``size``, ``mode``, ``mtime``)."""
-        return self._sb.client.run(P.stat_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+        return self._sb.client.run(FC.stat_file(self._sb.id, path, user))  # type: ignore[no-any-return]
 
     def exists(self, path: str, user: str = "user") -> bool:
         """True when ``path`` exists."""
@@ -53,7 +54,7 @@ class Files:
 
     def remove(self, path: str, user: str = "user") -> None:
         """Remove a file or a directory tree."""
-        self._sb.client.run(P.remove_file(self._sb.id, path, user))
+        self._sb.client.run(FC.remove_file(self._sb.id, path, user))
 
 
 class AsyncFiles:
@@ -63,19 +64,19 @@ class AsyncFiles:
         self._sb: Any = sandbox
 
     async def read(self, path: str, user: str = "user") -> bytes:
-        return await self._sb.client.run(P.read_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+        return await self._sb.client.run(FC.read_file(self._sb.id, path, user))  # type: ignore[no-any-return]
 
     async def read_to(self, path: str, on_chunk: P.ChunkHandler, user: str = "user", archive: bool = False) -> int:
-        return await self._sb.client.run(P.read_file(self._sb.id, path, user, on_chunk, archive))  # type: ignore
+        return await self._sb.client.run(FC.read_file(self._sb.id, path, user, on_chunk, archive))  # type: ignore
 
     async def write(self, path: str, data: Any, user: str = "user", archive: bool = False) -> dict[str, Any]:
-        return await self._sb.client.run(P.write_file(self._sb.id, path, data, user, archive))  # type: ignore
+        return await self._sb.client.run(FC.write_file(self._sb.id, path, data, user, archive))  # type: ignore
 
     async def list(self, path: str = "~", user: str = "user") -> builtins.list[dict[str, Any]]:
-        return await self._sb.client.run(P.list_files(self._sb.id, path, user))  # type: ignore[no-any-return]
+        return await self._sb.client.run(FC.list_files(self._sb.id, path, user))  # type: ignore[no-any-return]
 
     async def stat(self, path: str, user: str = "user") -> dict[str, Any]:
-        return await self._sb.client.run(P.stat_file(self._sb.id, path, user))  # type: ignore[no-any-return]
+        return await self._sb.client.run(FC.stat_file(self._sb.id, path, user))  # type: ignore[no-any-return]
 
     async def exists(self, path: str, user: str = "user") -> bool:
         try:
@@ -87,4 +88,4 @@ class AsyncFiles:
             raise
 
     async def remove(self, path: str, user: str = "user") -> None:
-        await self._sb.client.run(P.remove_file(self._sb.id, path, user))
+        await self._sb.client.run(FC.remove_file(self._sb.id, path, user))

@@ -98,7 +98,7 @@ def _clean(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def _wait_params(wait: bool) -> dict[str, Any]:
+def wait_params(wait: bool) -> dict[str, Any]:
     return {"wait": "true", "timeout": WAIT_TIMEOUT} if wait else {}
 
 
@@ -109,7 +109,7 @@ def _sandbox(resp: Response) -> dict[str, Any]:
         raise SbxError("bad_response", "answer has no sandbox", resp.status) from None
 
 
-def _long_timeout(wait: bool) -> float | None:
+def long_timeout(wait: bool) -> float | None:
     return WAIT_TIMEOUT + 30 if wait else 90.0
 
 
@@ -139,7 +139,7 @@ def create(
         body["autoResume"] = True
     if cold:
         body["cold"] = True
-    resp = yield Request("POST", "/v1/sandboxes", body, _wait_params(wait), timeout=_long_timeout(wait))
+    resp = yield Request("POST", "/v1/sandboxes", body, wait_params(wait), timeout=long_timeout(wait))
     return _sandbox(resp)
 
 
@@ -159,7 +159,7 @@ def list_sandboxes(labels: dict[str, str] | None = None) -> Call:
 def stop(sandbox_id: str, keep_memory: bool = True, wait: bool = True) -> Call:
     """``POST /v1/sandboxes/{id}/stop``; returns the sandbox dict."""
     resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/stop", {"keepMemory": keep_memory},
-                         _wait_params(wait), timeout=_long_timeout(wait))
+                         wait_params(wait), timeout=long_timeout(wait))
     return _sandbox(resp)
 
 
@@ -171,8 +171,8 @@ def resume(
     body = _clean({"type": type, "ttl": ttl})
     if require_memory:
         body["requireMemory"] = True
-    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/resume", body, _wait_params(wait),
-                         timeout=_long_timeout(wait))
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/resume", body, wait_params(wait),
+                         timeout=long_timeout(wait))
     return _sandbox(resp)
 
 
@@ -185,15 +185,15 @@ def fork(
     body = _clean({"type": type, "ttl": ttl, "name": name, "env": env, "secrets": secrets or None})
     if memory:
         body["memory"] = True
-    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/fork", body, _wait_params(wait),
-                         timeout=_long_timeout(wait))
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/fork", body, wait_params(wait),
+                         timeout=long_timeout(wait))
     return _sandbox(resp)
 
 
 def delete(sandbox_id: str, wait: bool = True) -> Call:
     """``DELETE /v1/sandboxes/{id}``; returns the sandbox dict (state ``deleted`` when ``wait``)."""
-    resp = yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}", None, _wait_params(wait),
-                         timeout=_long_timeout(wait))
+    resp = yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}", None, wait_params(wait),
+                         timeout=long_timeout(wait))
     return _sandbox(resp)
 
 
@@ -232,56 +232,12 @@ def snapshots(sandbox_id: str | None = None) -> Call:
     return list(resp.body["snapshots"])
 
 
-def nodes() -> Call:
-    """``GET /v1/nodes``; returns node dicts (name, url, status, cordoned, capacity, load, fingerprint...)."""
-    resp = yield Request("GET", "/v1/nodes")
-    return list(resp.body["nodes"])
-
-
-def add_node(url: str, token: str) -> Call:
-    """``POST /v1/nodes``; returns the node dict of the added node agent."""
-    resp = yield Request("POST", "/v1/nodes", {"url": url, "token": token})
-    return dict(resp.body["node"])
-
-
-def remove_node(name: str) -> Call:
-    """``DELETE /v1/nodes/{name}``; returns the removed node's dict."""
-    resp = yield Request("DELETE", f"/v1/nodes/{name}")
-    return dict(resp.body["node"])
-
-
-def cordon(name: str, cordoned: bool = True) -> Call:
-    """``POST /v1/nodes/{name}/cordon`` (or ``/uncordon``); returns the node dict."""
-    resp = yield Request("POST", f"/v1/nodes/{name}/{'cordon' if cordoned else 'uncordon'}")
-    return dict(resp.body["node"])
-
-
 def migrate(sandbox_id: str, to: str | None = None, wait: bool = True) -> Call:
     """``POST /v1/sandboxes/{id}/migrate`` (admin key): live-migrate a running sandbox to node ``to`` (default:
     placement picks); returns the sandbox dict (``node`` is the destination once it has moved)."""
-    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/migrate", _clean({"to": to}), _wait_params(wait),
-                         timeout=_long_timeout(wait))
+    resp = yield Request("POST", f"/v1/sandboxes/{sandbox_id}/migrate", _clean({"to": to}), wait_params(wait),
+                         timeout=long_timeout(wait))
     return _sandbox(resp)
-
-
-def drain(name: str, wait: bool = False) -> Call:
-    """``POST /v1/nodes/{name}/drain``; returns the drain dict (node, state, empty, sandboxes: id, action, status,
-    to, error, pauseS...). ``wait``: answer when it has finished."""
-    resp = yield Request("POST", f"/v1/nodes/{name}/drain", params=_wait_params(wait), timeout=_long_timeout(wait))
-    return dict(resp.body["drain"])
-
-
-def drain_status(name: str) -> Call:
-    """``GET /v1/nodes/{name}/drain``; the drain dict of the node's last drain."""
-    resp = yield Request("GET", f"/v1/nodes/{name}/drain")
-    return dict(resp.body["drain"])
-
-
-def consolidation() -> Call:
-    """``GET /v1/consolidation``; the consolidation dict (enabled, periodS, leader, rules, lastRunAt, plan: action,
-    node, reason, moves, nodes; drain, outcome, removable)."""
-    resp = yield Request("GET", "/v1/consolidation")
-    return dict(resp.body["consolidation"])
 
 
 def delete_snapshot(name: str) -> Call:
@@ -420,96 +376,4 @@ def routes(sandbox_id: str) -> Call:
 def unhost(sandbox_id: str, port: int) -> Call:
     """``DELETE /v1/sandboxes/{id}/routes/{port}``."""
     yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}/routes/{int(port)}")
-    return None
-
-
-# secrets -----------------------------------------------------------------------------------------------------
-def put_secret(name: str, value: str, rules: list[dict[str, Any]] | None = None) -> Call:
-    """``PUT /v1/secrets/{name}``: create (``rules`` required) or rotate; returns the secret dict (no value)."""
-    body: dict[str, Any] = {"value": value}
-    if rules is not None:
-        body["rules"] = rules
-    resp = yield Request("PUT", f"/v1/secrets/{name}", body)
-    return dict(resp.body["secret"])
-
-
-def secrets() -> Call:
-    """``GET /v1/secrets``; returns the secret dicts by name."""
-    resp = yield Request("GET", "/v1/secrets")
-    return list(resp.body["secrets"])
-
-
-def delete_secret(name: str) -> Call:
-    """``DELETE /v1/secrets/{name}``."""
-    yield Request("DELETE", f"/v1/secrets/{name}")
-    return None
-
-
-def secret_log(name: str, limit: int = 100) -> Call:
-    """``GET /v1/secrets/{name}/log``; returns the use dicts, oldest first."""
-    resp = yield Request("GET", f"/v1/secrets/{name}/log", params={"limit": limit})
-    return list(resp.body["uses"])
-
-
-def bind_secret(sandbox_id: str, name: str, bind: bool = True) -> Call:
-    """``PUT`` (bind) or ``DELETE`` (unbind) ``/v1/sandboxes/{id}/secrets/{name}``; returns the bound names."""
-    resp = yield Request("PUT" if bind else "DELETE", f"/v1/sandboxes/{sandbox_id}/secrets/{name}")
-    return list(resp.body["secrets"])
-
-
-# files -------------------------------------------------------------------------------------------------------
-FILE_TIMEOUT = 600.0
-"""Seconds to wait for the next bytes of a file transfer."""
-
-
-def _file_params(path: str, user: str, archive: bool = False) -> dict[str, Any]:
-    params: dict[str, Any] = {"path": path, "user": user}
-    if archive:
-        params["archive"] = "tar"
-    return params
-
-
-def read_file(sandbox_id: str, path: str, user: str = "user", on_chunk: ChunkHandler | None = None,
-              archive: bool = False) -> Call:
-    """``GET /v1/sandboxes/{id}/files``: a file's bytes (a directory's tar stream with ``archive``). Returns the
-    bytes, or, with ``on_chunk``, passes them on as they come and returns the byte count."""
-    got = 0
-
-    def count(chunk: bytes) -> None:
-        nonlocal got
-        got += len(chunk)
-        assert on_chunk is not None
-        on_chunk(chunk)
-
-    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/files", None, _file_params(path, user, archive),
-                         binary=True, on_chunk=count if on_chunk else None, timeout=FILE_TIMEOUT)
-    return got if on_chunk else bytes(resp.body or b"")
-
-
-def write_file(sandbox_id: str, path: str, data: Any, user: str = "user", archive: bool = False) -> Call:
-    """``PUT /v1/sandboxes/{id}/files``: write ``data`` (bytes, str as UTF-8, or an iterator of bytes) to file
-    ``path`` (or extract it as a tar stream into directory ``path`` with ``archive``). Returns ``{"path","size"}``."""
-    if isinstance(data, str):
-        data = data.encode()
-    resp = yield Request("PUT", f"/v1/sandboxes/{sandbox_id}/files", None, _file_params(path, user, archive),
-                         content=data, timeout=FILE_TIMEOUT)
-    return dict(resp.body)
-
-
-def list_files(sandbox_id: str, path: str, user: str = "user") -> Call:
-    """``GET /v1/sandboxes/{id}/files/list``; returns entry dicts (``name``, ``path``, ``type``, ``size``,
-    ``mode``, ``mtime``) sorted by name."""
-    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/files/list", None, _file_params(path, user))
-    return list(resp.body["entries"])
-
-
-def stat_file(sandbox_id: str, path: str, user: str = "user") -> Call:
-    """``GET /v1/sandboxes/{id}/files/stat``; returns one entry dict."""
-    resp = yield Request("GET", f"/v1/sandboxes/{sandbox_id}/files/stat", None, _file_params(path, user))
-    return dict(resp.body["entry"])
-
-
-def remove_file(sandbox_id: str, path: str, user: str = "user") -> Call:
-    """``DELETE /v1/sandboxes/{id}/files``: remove a file or a directory tree."""
-    yield Request("DELETE", f"/v1/sandboxes/{sandbox_id}/files", None, _file_params(path, user))
     return None

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from sbx.config import TEST_SIZES
-from sbx.node.migration import migrate
+from sbx.node.livemove import migrate
 from sbx.node.remote.client import RemoteNode
 from sbx.node.types import NodeError, SandboxSpec
 from tests.e2e.helpers import poll
