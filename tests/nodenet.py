@@ -214,13 +214,36 @@ def _netns(h: NodeHost) -> Iterator[NodeHost]:
 
 
 def _cleanup_node(h: NodeHost) -> None:
-    """Remove what node ``h`` left: its containers' host side (if an agent was killed), then its folders."""
+    """Remove what node ``h`` left (its agent stopped): :func:`force_clean`."""
     from sbx.config import load_settings
 
     settings = load_settings(node_name=h.node_name, bridge=h.bridge, subnet=h.subnet, profile="test",
                              state_dir=h.state)
-    if not any((settings.node_dir / "sandboxes").glob("*")):
-        shutil.rmtree(settings.node_dir, ignore_errors=True)
+    force_clean(settings.node_name, settings.node_dir)
+
+
+def force_clean(node_name: str, node_dir: Path) -> list[str]:
+    """Remove everything a stopped node ``node_name`` (folder ``node_dir`` on the volume) left on this host: the
+    containers still in its runc state root (a test that failed before deleting its sandboxes, an agent killed
+    with them running), every mount under its run and volume folders, then both folders. The next test of this
+    slot reuses the node's names, and a container left running would break it. Returns the containers it removed.
+    Never raises."""
+    run_dir = Path("/run/sbx") / node_name
+    root = run_dir / "runc"
+    left: list[str] = []
+    if root.is_dir():
+        p = subprocess.run(["runc", "--root", str(root), "list", "-q"], capture_output=True, text=True)
+        left = p.stdout.split() if p.returncode == 0 else []
+        for cid in left:
+            subprocess.run(["runc", "--root", str(root), "delete", "--force", cid], capture_output=True)
+    prefixes = (f"{run_dir}/", f"{node_dir}/")
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    for mp in sorted((m for m in points if m.startswith(prefixes)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
+    shutil.rmtree(node_dir, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return left
 
 
 def exec_out(node: RemoteNode, sid: str, command: str, timeout: float = 120) -> tuple[int | None, str]:

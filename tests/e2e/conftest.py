@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.nodenet import force_clean
 from tests.slots import slotted
 
 VENV_BIN = Path(sys.executable).parent
@@ -143,14 +144,12 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
 
 
 def _cleanup_host(env: dict[str, str]) -> None:
-    """Remove what the test server left on the host: its bridge and nftables table, and its node folder."""
-    import shutil
-
+    """Remove what the test server left on the host: its bridge and nftables table, any container still running on
+    its node and its node folder (:func:`tests.nodenet.force_clean`)."""
     from sbx.config import load_settings
     from sbx.node.network import remove_bridge
 
     settings = load_settings(node_name=env["SBX_NODE_NAME"], bridge=env["SBX_BRIDGE"], subnet=env["SBX_SUBNET"],
                              profile="test")
     remove_bridge(settings.bridge, settings.node_name)
-    if not any((settings.node_dir / "sandboxes").glob("*")):
-        shutil.rmtree(settings.node_dir, ignore_errors=True)
+    force_clean(settings.node_name, settings.node_dir)
