@@ -60,7 +60,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
@@ -401,14 +401,14 @@ def create_app(
 
     @v1.post("/sandboxes/{sandbox_id}/exec", tags=["exec"], response_class=StreamingResponse,
              responses={**S.errors(400, 404, 409, 502), 200: _stream("exec output, then the exit line")})
-    def exec_command(sandbox_id: str, body: ExecCommand) -> StreamingResponse:
+    def exec_command(sandbox_id: str, body: ExecCommand, request: Request) -> StreamingResponse:
         """Run a command and stream NDJSON lines ``{"stream": "stdout"|"stderr", "data": text}`` (with
         ``"encoding": "base64"`` when asked: ``data`` is then base64 of the exact bytes), then ``{"exitCode": N,
         "timedOut": bool}`` (124 after ``timeout``). Waits for a provisioning or resuming sandbox to run; resumes a
         stopped ``autoResume`` one."""
         left = threading.Event()
         lines = cp.exec(sandbox_id, body.command, body.timeout, body.user, body.env, body.cwd, body.encoding,
-                        left.is_set)
+                        left.is_set, row=getattr(request.state, "sandbox_row", None))
         return _ndjson(lambda _gone: lines, left)
 
     @v1.post("/sandboxes/{sandbox_id}/jobs", status_code=201, tags=["exec"], response_model=S.JobOut,

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -196,12 +197,13 @@ def principal(request: Request, _creds: HTTPAuthorizationCredentials | None = De
     return _authorized(request)
 
 
-def check_sandbox(control: object, who: Principal, sandbox_id: str) -> None:
+def check_sandbox(control: object, who: Principal, sandbox_id: str) -> Any:
     """404 ``not_found`` when sandbox ``sandbox_id`` exists but belongs to an account ``who`` does not see (a
-    missing one is left to the route, which answers the same)."""
+    missing one is left to the route, which answers the same). Returns the row it read (None when missing)."""
     row = control.store.get_sandbox(sandbox_id)  # type: ignore[attr-defined]
     if row is not None and not who.sees(row.account_id):
         raise not_found(f"sandbox {sandbox_id}")
+    return row
 
 
 def owned(request: Request, _creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
@@ -213,7 +215,8 @@ def owned(request: Request, _creds: HTTPAuthorizationCredentials | None = Depend
     control = request.app.state.control
     params = request.path_params
     if "sandbox_id" in params:
-        check_sandbox(control, who, str(params["sandbox_id"]))
+        # kept for the route: an exec uses it instead of reading the row again (~0.3 ms)
+        request.state.sandbox_row = check_sandbox(control, who, str(params["sandbox_id"]))
     if "name" in params and request.url.path.startswith("/v1/snapshots/"):
         control.find_snapshot(str(params["name"]), who.account_id, who.admin)  # 404 unless the key's account has it
     return who

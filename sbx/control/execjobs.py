@@ -11,6 +11,7 @@ from typing import Any
 
 from sbx.control.errors import ControlError, from_node, not_found
 from sbx.control.planebase import PlaneBase
+from sbx.control.store import SandboxRow
 from sbx.node.types import JobInfo, NodeError
 
 log = logging.getLogger("sbx.control")
@@ -32,6 +33,7 @@ class ExecOps(PlaneBase):
         cwd: str | None = None,
         encoding: str = "utf-8",
         stop: Callable[[], bool] | None = None,
+        row: SandboxRow | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Run ``command`` in the sandbox (waiting for a provisioning/resuming one to be running, resuming a stopped
         ``autoResume`` one). Checks happen now (404, 409 ``not_running``/``busy``, 400 ``invalid_cwd`` when ``cwd``
@@ -40,10 +42,11 @@ class ExecOps(PlaneBase):
         "message"}}`` if the node fails mid-way). ``encoding`` ``"utf-8"``: text, invalid bytes replaced;
         ``"base64"``: ``data`` is base64 of the exact bytes and the piece carries ``"encoding": "base64"``.
         ``timeout`` in seconds (0 or None: none). ``stop``: polled while the command runs; True (the client went
-        away) kills it. The run counts as activity."""
+        away) kills it. ``row``: the sandbox's row as the caller just read it (:meth:`wait_running`). The run counts
+        as activity."""
         if not command:
             raise ControlError("invalid_command", "command must not be empty", 400, field="command")
-        row = self.wait_running(sandbox_id)
+        row = self.wait_running(sandbox_id, row)
         cwd_path = self.files.check_dir(sandbox_id, cwd, user, field="cwd") if cwd is not None else None
         return self._exec(sandbox_id, command, timeout if timeout else None, user, env, cwd_path, encoding, stop,
                           node=row.node)

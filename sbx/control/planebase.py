@@ -368,14 +368,16 @@ class PlaneBase:
         return rows
 
 
-    def wait_running(self, sandbox_id: str) -> SandboxRow:
+    def wait_running(self, sandbox_id: str, row: SandboxRow | None = None) -> SandboxRow:
         """Wait (up to :data:`START_WAIT` seconds, or the lifecycle's own wait if longer) for a provisioning or
         resuming sandbox to run; return its row. Raises 404, 409 ``not_running`` (stopped, error...) or 409
         ``busy`` (still starting). What exec, jobs, files and shells call before they touch the node.
 
         A sandbox created with ``autoResume`` that is stopped (or stopping) is resumed first (issue 9, as the proxy
-        does for hosted ports: :meth:`sbx.control.routes.Routes.ensure_running`)."""
-        row = self.get(sandbox_id)
+        does for hosted ports: :meth:`sbx.control.routes.Routes.ensure_running`). ``row``: the sandbox's row as
+        the request read it a moment ago (its ownership check), used when it says ``running``."""
+        if row is None or row.id != sandbox_id or row.state != "running":
+            row = self.get(sandbox_id)
         if row.state == "running":  # the common case: no second read of the row (each is ~0.3 ms of an exec)
             return row
         if row.auto_resume:
