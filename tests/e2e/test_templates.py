@@ -110,8 +110,11 @@ def test_fork_with_memory_keeps_the_process_and_gets_a_new_identity(fs):
     job = fs.srv.sbx("exec", src, "--detach", COUNTER, check=True).stdout.strip()
     first = poll(lambda: fs.srv.sbx("logs", src, job).stdout.strip(), "the counter's first line", timeout=60)
     pid, digest = first.split()[:2]
+    # written just before the fork, still in the page cache: the fork's disk has it (the copy is synced first)
+    written = sh(fs, src, "head -c 4M /dev/urandom > ~/before && sha256sum < ~/before").split()[0]
     fork = json.loads(fs.srv.sbx("fork", src, "--memory", "--wait", "--json", check=True).stdout.splitlines()[-1])
     fork_id = fork.get("id") or fork["sandbox"]["id"]
+    assert sh(fs, fork_id, "sha256sum < ~/before").split()[0] == written
     view = json.loads(fs.srv.sbx("info", fork_id, "--json", check=True).stdout)["sandbox"]
     assert view["memoryRestored"] is True and view["state"] == "running"
     # the same process with the same in-sandbox PID in both; asked in the fork, it hashes the same memory
