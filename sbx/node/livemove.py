@@ -13,10 +13,11 @@ The steps:
    - the destination opens a page server for this move (``POST .../pages``, :mod:`sbx.runtime.pageserver`: one
      connection, from this node's address only);
    - freeze: the container is paused (cgroup freezer; from here on no task of it runs), its established TCP
-     connections are destroyed (``SOCK_DESTROY`` through ``ss -K``: each peer gets a reset at once), the disk is
-     reflinked again and sent as a delta against the pre-copy, and the memory dumped with ``runc checkpoint
-     --leave-running --page-server`` (the container stays paused): the pages go to the destination's page server
-     while CRIU dumps them, the other images are streamed afterwards;
+     connections are destroyed (``SOCK_DESTROY`` through ``ss -K``: each peer gets a reset at once), and the memory
+     dumped with ``runc checkpoint --leave-running --page-server`` (the container stays paused): the pages go to
+     the destination's page server while CRIU dumps them, the other images are streamed afterwards; beside the
+     dump the disk is synced (syncfs: no task runs, every write has returned), reflinked again and sent as a delta
+     against the pre-copy;
    - the destination restores and pauses the copy; the source marks itself ``handover`` and tells it to go on;
      once the destination confirms, ``migrate_out`` answers and the source deletes its copy in the background
      (:meth:`MigrationMixin._depart`: the copy stays paused in phase ``handover`` meanwhile, and a restart
