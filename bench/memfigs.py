@@ -3,9 +3,10 @@
 - ``template``: ``Sandbox.create(type="small")`` until a first ``exec("true")`` answers, ``repeats`` times each
   way: from a warm sandbox (one already restored from the template, :mod:`sbx.node.warmpool`; the figure waits
   until the node's pool is full), from the small memory template itself (after untimed creates took every warm
-  one left, before the node made the next), and with ``cold=True`` (the cold boot both replace). The template is
-  built in the background after the first cold boot of the size; the figure waits for it. Each create is checked to have
-  started the way its row says (the node's record, ``startedFrom``).
+  one left, before the node made the next: so while it makes them), and with ``cold=True`` (the cold boot both
+  replace; timed once the node's pool is full again). The template is built in the background after the first
+  cold boot of the size; the figure waits for it. Each create is checked to have started the way its row says
+  (the node's record, ``startedFrom``).
 - ``forkmem``: ``fork(memory=True)`` of a running ``default`` sandbox whose detached python3 holds 128 MiB of
   touched random memory, until the fork answers an exec; checks the holder runs in the fork with the same PID.
 """
@@ -103,7 +104,8 @@ def fig_template(ctx: Ctx) -> list[Row]:
             make(f"bench-template-{i}-pool", "pool")
             for j in range(pool - 1):  # the other warm ones, taken before the node makes the next
                 make(f"bench-template-{i}-drain{j}", None)
-            make(f"bench-template-{i}-template", "template")
+            make(f"bench-template-{i}-template", "template")  # while the node makes the next warm ones
+            wait_warm(node_dir, count=pool)  # a boot does not compete with those restores
             make(f"bench-template-{i}-boot", "boot")
             for sid in list(ids):
                 F._delete(ctx, sid)
