@@ -141,7 +141,7 @@ def test_a_live_migration_commits_the_node_or_leaves_the_sandbox_running_on_its_
         def fail(src: object, dst: object, url: str, spec: object) -> dict[str, float]:
             raise NodeError("migration_failed", "restore: the destination answered restore_failed")
 
-        monkeypatch.setattr(migrating.migration, "migrate", fail)
+        monkeypatch.setattr(migrating.livemove, "migrate", fail)
         assert cp.migrate(sid).state == "migrating"
         wait_until(lambda: cp.get(sid).state == "running")
         row = cp.get(sid)
@@ -154,7 +154,7 @@ def test_a_live_migration_commits_the_node_or_leaves_the_sandbox_running_on_its_
             dst.boxes[sid] = src.boxes.pop(sid)
             return {"pauseS": 0.25, "totalS": 0.5}
 
-        monkeypatch.setattr(migrating.migration, "migrate", move)
+        monkeypatch.setattr(migrating.livemove, "migrate", move)
         cp.migrate(sid)
         wait_until(lambda: cp.get(sid).state == "running" and cp.get(sid).node == "fake2")
         assert cp.get(sid).error_code is None
@@ -214,7 +214,7 @@ def test_a_move_on_its_way_counts_against_its_destination(tmp_path: Path, monkey
             dst.boxes[sid] = src.boxes.pop(sid)
             return {"pauseS": 0.1, "totalS": 0.2}
 
-        monkeypatch.setattr(migrating.migration, "migrate", move)
+        monkeypatch.setattr(migrating.livemove, "migrate", move)
         for fail in (True, False):
             outcome["fail"], go = fail, threading.Event()
             entered.clear()
