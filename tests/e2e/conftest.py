@@ -139,7 +139,7 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = proc.wait()
-        _cleanup_host(env)
+            _cleanup_host(env)  # also when delete_all failed (a server that died): its sandboxes still run
         assert code == 0, f"sbx server did not stop cleanly ({code}):\n{log.read_text()[-4000:]}"
 
 
