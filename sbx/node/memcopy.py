@@ -38,6 +38,9 @@ from sbx.storage.reflink import clone
 
 log = logging.getLogger("sbx.node")
 
+RESTART_IDENTITY = ("systemctl", "--no-block", "restart", "sbx-identity.service", "ssh.service")
+"""New SSH host keys (``sbx-identity``) and sshd restarted with them, queued without waiting for either."""
+
 
 def copy_image(src: Path, dst: Path, gid: int) -> None:
     """Copy the memory image folder ``src`` to ``dst`` (reflinked file by file on the XFS volume: constant time)
@@ -67,14 +70,14 @@ class MemoryCopyMixin(NodeBase):
         return self._write_bundle(sid, rec, size)
 
     def _restore_as_new(self, sid: str, size: Size, *, old_base: int, clear_tmp: bool, identity: bool = True,
-                        bundle: Path | None = None) -> None:
+                        bundle: Path | None = None, holds_sshd: bool = True) -> None:
         """Restore the image already copied to the sandbox's memory folder (dumped at uid base ``old_base``) into
         the sandbox ``sid`` (record in phase ``creating``, disk in place) with its own identity (module
         docstring); ``clear_tmp`` empties ``/tmp`` afterwards but for what systemd made there at boot
         (``systemd-private-*``, ``.X11-unix``...; a cold boot has them too); ``identity`` false skips the new SSH
         host keys (a warm sandbox gets them when it is claimed: :mod:`sbx.node.warmpool`); ``bundle``: what
-        :meth:`_prepare_restore` returned when it already ran (else it runs here). On success the phase is
-        ``running``.
+        :meth:`_prepare_restore` returned when it already ran (else it runs here); ``holds_sshd``: as for
+        :meth:`_after_restore`. On success the phase is ``running``.
         Raises ``NodeError("restore_failed")`` with the container removed, the disk unmounted and the image gone."""
         rec = self._record(sid)
         hostname = rec["spec"]["hostname"]
@@ -91,7 +94,7 @@ class MemoryCopyMixin(NodeBase):
             self._mark_started(sid)
             self._discard_memory(sid)
             st.mark("discard")
-            self._after_restore(sid, clear_tmp, identity)
+            self._after_restore(sid, clear_tmp, identity, holds_sshd=holds_sshd)
             st.mark("after-restore")
         except (RuntimeError_, NodeError) as e:
             self._cleanup_container(sid)
@@ -102,42 +105,47 @@ class MemoryCopyMixin(NodeBase):
         st.mark("phase")
         st.done()
 
-    def _after_restore(self, sid: str, clear_tmp: bool, identity: bool = True) -> None:
+    def _after_restore(self, sid: str, clear_tmp: bool, identity: bool = True, holds_sshd: bool = True) -> None:
         """In the restored sandbox: ``/tmp`` emptied when ``clear_tmp`` (but for what systemd made there at boot:
-        the PrivateTmp folders of running services are bound from there), before this returns; then, with
-        ``identity``, ``sbx-identity.service`` and ``ssh.service`` restarted without waiting (``--no-block``):
-        new SSH host keys (``ssh-keygen -A`` takes ~0.4 s here, mostly RSA) and sshd running with them a moment
-        after the sandbox answers. A template holds no host keys and no running sshd
-        (:mod:`sbx.node.templates`), so no sandbox ever serves another's key. The restarts are asked for by a
-        thread of their own (:meth:`_restart_identity`), so the operation's answer does not wait for systemctl
+        the PrivateTmp folders of running services are bound from there); then, with ``identity``,
+        ``sbx-identity.service`` and ``ssh.service`` restarted without waiting (``--no-block``): new SSH host keys
+        (``ssh-keygen -A`` takes ~0.4 s here, mostly RSA) and sshd running with them a moment after the sandbox
+        answers. ``holds_sshd``: the restored memory holds a running sshd with another sandbox's host keys (a
+        fork's, from its source): the restart is queued before this returns, so neither the operation's answer
+        nor a crash right after it leaves a running sandbox whose sshd serves another sandbox's key. A template
+        holds no host keys and no running sshd (:mod:`sbx.node.templates`): with ``holds_sshd`` false the restart is
+        asked for by a thread of its own (:meth:`_restart_identity`) and the answer does not wait for systemctl
         (~25 ms here). Commands go through the sandbox's exec agent (restored with its memory, listening at once:
-        ~5 ms) or, when it does not answer, ``runc exec`` (~35 ms here). Raises ``RuntimeError_`` (emptying
-        ``/tmp``)."""
+        ~5 ms) or, when it does not answer, ``runc exec`` (~35 ms here). Raises ``RuntimeError_``."""
+        clear = (r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' ! -name '.*-unix' "
+                 r"-exec rm -rf {} +")
+        if identity and holds_sshd:
+            script = f"{clear}; {' '.join(RESTART_IDENTITY)}" if clear_tmp else " ".join(RESTART_IDENTITY)
+            self._run_root(sid, ["/bin/sh", "-c", script], timeout=60)
+            return
         if clear_tmp:
-            self._run_root(sid, ["/bin/sh", "-c", r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' "
-                                                  r"! -name '.*-unix' -exec rm -rf {} +"], timeout=60)
+            self._run_root(sid, ["/bin/sh", "-c", clear], timeout=60)
         if identity:
             threading.Thread(target=self._restart_identity, args=(sid,), name=f"identity-{sid}",
                              daemon=True).start()
 
     def _restart_identity(self, sid: str) -> None:
-        """The identity restarts of :meth:`_after_restore`, under the sandbox's lock: they run once the operation
-        that restored it has returned (it holds the lock), and a stop or migration that comes next waits for
-        them (~25 ms) instead of cutting the exec channel under systemctl. Nothing when the sandbox no longer runs
-        by then; a failure is logged (the sandbox then has no sshd until its next boot: it never serves another
-        sandbox's key)."""
+        """The identity restarts of :meth:`_after_restore` for a sandbox restored from a template, under its lock:
+        they run once the operation that restored it has returned (it holds the lock), and a stop or migration that
+        comes next waits for them (~25 ms) instead of cutting the exec channel under systemctl. Nothing when the
+        sandbox no longer runs by then; a failure is logged (the sandbox then has no sshd until its next boot: a
+        template holds none, so it never serves another sandbox's key)."""
         with self._lock(sid):
             if not self._is_running(sid):
                 return
             try:
-                self._run_root(sid, ["systemctl", "--no-block", "restart", "sbx-identity.service", "ssh.service"],
-                               timeout=60)
+                self._run_root(sid, list(RESTART_IDENTITY), timeout=60)
             except RuntimeError_ as e:
                 log.warning("%s: restarting sbx-identity and ssh after its restore failed: %s", sid, e.detail)
 
     def fork_memory(self, source_id: str, spec: SandboxSpec) -> None:
-        """Fork the running sandbox ``source_id`` with its memory: :meth:`_copy_running` (the source pauses for the
-        reflink of its disk and a ``--leave-running`` dump, then goes on with the same PIDs), then ``spec`` is
+        """Fork the running sandbox ``source_id`` with its memory: :meth:`_copy_running` (the source pauses for a
+        ``--leave-running`` dump, its disk copied beside it, then goes on with the same PIDs), then ``spec`` is
         restored from that dump on the copy, with its own identity (module docstring). Disk and memory are of the
         same instant, since no task of the source runs between the two. What the restore needs besides the image
         (the copy mounted, its identity, the bundle: :meth:`_prepare_restore`) is made while CRIU still dumps.

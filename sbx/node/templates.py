@@ -196,7 +196,8 @@ class TemplateMixin(NodeBase):
             st.mark("clone-disk")
             copy_image(tdir / "memory", self._memory(spec.id), self._uid_base(spec.id))
             st.mark("copy-image")
-            self._restore_as_new(spec.id, spec.size, old_base=int(meta["uidBase"]), clear_tmp=True, identity=identity)
+            self._restore_as_new(spec.id, spec.size, old_base=int(meta["uidBase"]), clear_tmp=True, identity=identity,
+                                 holds_sshd=False)  # a template runs no sshd
         except (StorageError, NodeError) as e:
             log.warning("%s: starting from template %s failed, cold booting: %s", spec.id, tdir.name, e)
             self._discard_memory(spec.id)

@@ -121,7 +121,7 @@ class WarmPoolMixin(NodeBase):
                 raise NodeError("restore_failed", f"setting the hostname: {e}") from e
             st.mark("hostname")
             self._apply_egress(spec.id, rec)
-            self._after_restore(spec.id, clear_tmp=False)
+            self._after_restore(spec.id, clear_tmp=False, holds_sshd=False)  # restored from a template: no sshd
             st.mark("after-restore")
         except (NodeError, RuntimeError_, OSError) as e:
             log.warning("%s: the warm sandbox could not be used, deleting it: %s", spec.id, e)
