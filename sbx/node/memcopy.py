@@ -34,7 +34,6 @@ from sbx.runtime.base import RuntimeError_
 from sbx.runtime.runc import remove_tree
 from sbx.storage import disk as disks
 from sbx.storage.errors import StorageError
-from sbx.storage.reflink import clone
 
 log = logging.getLogger("sbx.node")
 
@@ -226,18 +225,11 @@ class MemoryCopyMixin(NodeBase):
         return old_base
 
     def _copy_frozen_disk(self, source_id: str, spec: SandboxSpec, then: Callable[[], object] | None) -> None:
-        """Beside the dump of :meth:`_copy_running`, with every task of the source frozen (the cgroup is
-        ``FROZEN``: each write they made has returned): syncfs(2) of the source's mounted filesystem, so all of it
-        is in the image file, then a reflink of that file (XFS writes the file's dirty pages back first), then
-        :meth:`_finish_copy`. No ``fsfreeze``: beside the dump it made CRIU fail every dump parsing an inotify
-        watch without its file handle ("error parsing [inotify wd:1 ...]", measured here), and before the dump it
-        cost 40-70 ms of the source's pause. The copy's journal may then need recovery; the ``tune2fs`` that gives
-        it its UUID replays it first (e2fsprogs 1.47, ~15 ms). Raises ``NodeError("fork_failed")``."""
+        """Beside the dump of :meth:`_copy_running`, with every task of the source frozen: the source's disk
+        (:func:`sbx.storage.disk.clone_synced`; the ``tune2fs`` of :meth:`_finish_copy` replays the copy's journal,
+        ~15 ms), then :meth:`_finish_copy`. Raises ``NodeError("fork_failed")``."""
         try:
-            mp = disks.mounted_at(self._disk(source_id))
-            if mp is not None:
-                disks.syncfs(mp)
-            clone(self._disk(source_id), self._disk(spec.id))
+            disks.clone_synced(self._disk(source_id), self._disk(spec.id))
         except StorageError as e:
             raise NodeError("fork_failed", f"copying the source's disk: {e}") from e
         self._finish_copy(spec, then)

@@ -119,15 +119,6 @@ class MigrationMixin(IncomingMixin):
             rec.pop("freezing", None)
             self._save(sid, rec)
 
-    def _synced_clone(self, sid: str, dst: Path) -> None:
-        """Reflink the disk of sandbox ``sid``, whose tasks are all frozen, to ``dst`` after a syncfs(2) of its
-        mounted filesystem (see ``last_delta`` in :meth:`_move`). Raises ``StorageError``."""
-        mp = disks.mounted_at(self._disk(sid))
-        if mp is None:
-            raise StorageError("not_mounted", f"the disk of {sid} is not mounted")
-        disks.syncfs(mp)
-        clone(self._disk(sid), dst, mode=0o600)
-
     def migrate_out(self, id: str, target: str, ticket: str, image: dict[str, str] | None = None) -> dict[str, Any]:
         """Move the running sandbox ``id`` to the node at ``target`` (its API URL), which prepared for it and gave
         ``ticket`` and its base image's ``{"name", "sha256"}`` (``migrate_prepare``). See the module docstring.
@@ -191,12 +182,9 @@ class MigrationMixin(IncomingMixin):
             finals: list[delta.DeltaInfo] = []
 
             def last_delta() -> None:
-                """The disk's last copy and delta, made and sent while CRIU dumps the memory: nothing in the
-                sandbox runs (its cgroup is paused: each write its tasks made has returned), so a syncfs(2) puts
-                all of them in the image file and its reflink is the disk of this instant. No ``fsfreeze`` (it
-                cost 40-70 ms of the pause before the dump, and beside it CRIU fails on the frozen filesystem's
-                inotify watches: "error parsing [inotify ..."); the destination's mount replays the journal."""
-                self._synced_clone(id, work / "final.ext4")
+                """The disk's last copy (:func:`sbx.storage.disk.clone_synced`: nothing in the sandbox runs; the
+                destination's mount replays the copy's journal) and delta, made and sent while CRIU dumps."""
+                disks.clone_synced(self._disk(id), work / "final.ext4", mode=0o600)
                 finals.append(delta.export_delta(work / "final.ext4", pre, work / "final.delta"))
                 figures["finalDiskS"] = time.monotonic() - t_pause
                 self._send(http, id, "final", [finals[0].path])

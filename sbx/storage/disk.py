@@ -333,6 +333,21 @@ def _consistent_clone(src: Path, dst: PathLike, mountpoint: PathLike | None, mod
         return clone(src, dst, mode=mode)
 
 
+def clone_synced(src: PathLike, dst: PathLike, mode: int = 0o644) -> Path:
+    """Reflink the mounted disk ``src`` of a sandbox whose every task is frozen (cgroup freezer: each write they
+    made has returned) to ``dst``: a syncfs(2) of its filesystem puts all of it in the image file, and the reflink
+    (XFS writes the file's dirty pages back first) is the disk of this instant. No ``fsfreeze``: beside a CRIU
+    dump it made every dump fail on the frozen filesystem's inotify watches ("error parsing [inotify wd:1 ...]"),
+    and before the dump it cost 40-70 ms of the pause. The copy's journal may need recovery: a mount or
+    ``tune2fs`` (:func:`new_uuid`) replays it. Raises ``StorageError``: ``not_mounted``, what :func:`clone`
+    raises."""
+    mp = mounted_at(src)
+    if mp is None:
+        raise StorageError("not_mounted", f"{src} is not mounted")
+    syncfs(mp)
+    return clone(src, dst, mode=mode)
+
+
 def clone_disk(src: PathLike, dst: PathLike, mountpoint: PathLike | None = None, fresh_uuid: bool = True) -> Path:
     """Fork the disk ``src`` to ``dst`` (reflink; constant time) and give the copy a new filesystem UUID (unless
     ``fresh_uuid`` is false: the caller then runs :func:`new_uuid` on it later, ~10-20 ms of tune2fs).
