@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -226,23 +225,19 @@ def force_clean(node_name: str, node_dir: Path) -> list[str]:
     """Remove everything a stopped node ``node_name`` (folder ``node_dir`` on the volume) left on this host: the
     containers still in its runc state root (a test that failed before deleting its sandboxes, an agent killed
     with them running), every mount under its run and volume folders, then both folders. The next test of this
-    slot reuses the node's names, and a container left running would break it. Returns the containers it removed.
-    Never raises."""
+    slot reuses the node's names, and a container left running would break it. Returns the containers it removed
+    (with the runtime's own ``delete`` and ``remove_tree``)."""
+    from sbx.runtime.runc import RuncRuntime, remove_tree
+
     run_dir = Path("/run/sbx") / node_name
-    root = run_dir / "runc"
     left: list[str] = []
-    if root.is_dir():
-        p = subprocess.run(["runc", "--root", str(root), "list", "-q"], capture_output=True, text=True)
-        left = p.stdout.split() if p.returncode == 0 else []
+    if (run_dir / "runc").is_dir():
+        runc = RuncRuntime(run_dir / "runc", Path("criu"))  # no checkpoint here: CRIU's path is never used
+        left = list(runc.statuses())
         for cid in left:
-            subprocess.run(["runc", "--root", str(root), "delete", "--force", cid], capture_output=True)
-    prefixes = (f"{run_dir}/", f"{node_dir}/")
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    for mp in sorted((m for m in points if m.startswith(prefixes)), key=len, reverse=True):
-        subprocess.run(["umount", "-l", mp], capture_output=True)
-    shutil.rmtree(node_dir, ignore_errors=True)
-    shutil.rmtree(run_dir, ignore_errors=True)
+            runc.delete(cid)
+    for folder in (run_dir, node_dir):
+        remove_tree(folder)  # lazily unmounts every mount it meets instead of descending into it
     return left
 
 
