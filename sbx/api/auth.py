@@ -33,7 +33,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -42,6 +41,7 @@ from sbx.api.sessions import SESSION_COOKIE, Sessions, csrf_ok
 from sbx.config import Settings
 from sbx.control.accounts import Accounts, Principal, digest
 from sbx.control.errors import ControlError, not_found
+from sbx.control.store import SandboxRow
 
 bearer = HTTPBearer(auto_error=False, description="An API key (sbx server writes the installation's admin key to "
                     "~/.config/sbx/config.toml; `sbx admin key create` makes an account's). The web console's "
@@ -197,10 +197,10 @@ def principal(request: Request, _creds: HTTPAuthorizationCredentials | None = De
     return _authorized(request)
 
 
-def check_sandbox(control: object, who: Principal, sandbox_id: str) -> Any:
+def check_sandbox(control: object, who: Principal, sandbox_id: str) -> SandboxRow | None:
     """404 ``not_found`` when sandbox ``sandbox_id`` exists but belongs to an account ``who`` does not see (a
     missing one is left to the route, which answers the same). Returns the row it read (None when missing)."""
-    row = control.store.get_sandbox(sandbox_id)  # type: ignore[attr-defined]
+    row: SandboxRow | None = control.store.get_sandbox(sandbox_id)  # type: ignore[attr-defined]
     if row is not None and not who.sees(row.account_id):
         raise not_found(f"sandbox {sandbox_id}")
     return row
