@@ -26,10 +26,13 @@ from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.node")
 
-SETTLING_DUMP_ERRORS = ("Control messages in queue, not supported", "Unseizable non-zombie")
+SETTLING_DUMP_ERRORS = ("Control messages in queue, not supported", "Unseizable non-zombie",
+                        "Non-empty write queue on an in-flight socket")
 """CRIU dump errors that a moment of running clears: a message with control data the receiver had not read yet
-(criu/sk-queue.c), and a task CRIU could not seize within its timeout because it sat in uninterruptible sleep
-("state D", compel/src/lib/infect.c; seen in CI while the data volume was being trimmed)."""
+(criu/sk-queue.c); a task CRIU could not seize within its timeout because it sat in uninterruptible sleep
+("state D", compel/src/lib/infect.c; seen in CI while the data volume was being trimmed); and a unix connection
+its listener had not accepted yet that already wrote bytes, which CRIU has no way to read back (criu/sk-unix.c;
+seen in CI right after ``systemd-run`` started a detached job)."""
 SETTLE_SECONDS = (0.3, 1.0, 2.0)
 """How long the sandbox runs before each new dump attempt after such an error (seconds)."""
 
@@ -77,7 +80,7 @@ class StopResumeMixin(NodeBase):
                 st.mark("freeze")
                 try:
                     recovery.test_fail_checkpoint()
-                    frozen = self._checkpoint_settled(id, mem, frozen)
+                    frozen = checkpoint_settled(self, id, mem, image_gid=self._uid_base(id), frozen=frozen)
                     st.mark("checkpoint")
                     recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
@@ -178,27 +181,6 @@ class StopResumeMixin(NodeBase):
                 self._set_phase(id, "running", lastError=error)
             return ResumeResult(memory_restored=False, reason=reason, error=error)
 
-    def _checkpoint_settled(self, id: str, mem: Path, frozen: bool) -> bool:
-        """Checkpoint the frozen sandbox ``id`` into ``mem``. A dump that failed only for a passing reason
-        (:data:`SETTLING_DUMP_ERRORS`: a unix socket holding a message with control data CRIU can't save, e.g. a
-        systemd notification not read yet when the freezer stopped the guest, typical right after a boot; a task
-        in uninterruptible sleep CRIU could not seize) is tried again after the sandbox ran
-        :data:`SETTLE_SECONDS`, at most ``len(SETTLE_SECONDS)`` more times. Returns
-        whether the cgroup is frozen by us; raises the last :class:`RuntimeError_`."""
-        for wait in (*SETTLE_SECONDS, None):
-            try:
-                self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=self._uid_base(id))
-                return frozen
-            except RuntimeError_ as e:
-                if wait is None or not any(m in e.detail for m in SETTLING_DUMP_ERRORS):
-                    raise
-                log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
-                         e.detail.strip().rsplit("\n", 1)[-1])
-                cgroup.thaw(self._cgroup_path(id))  # CRIU froze it again when its dump failed
-                time.sleep(wait)
-                frozen = cgroup.freeze(self._cgroup_path(id))
-        raise AssertionError("unreachable")
-
     def _host_mismatch(self, mem: Path, wait: float) -> list[str]:
         """What differs between the host the memory image in ``mem`` was made on and this one (``cpuModel``,
         ``cpuFlagsSha256``, ``kernel``, ``criu``; see :mod:`sbx.runtime.criu`); empty when they match. With ``wait``
@@ -254,3 +236,29 @@ class StopResumeMixin(NodeBase):
                 raise NodeError("restore_failed", f"giving the restored fork its identity: {e.detail}") from e
             st.mark("after-restore")
         st.done()
+
+
+def checkpoint_settled(node: NodeBase, id: str, mem: Path, *, image_gid: int, frozen: bool) -> bool:
+    """Checkpoint sandbox ``id`` of ``node`` into ``mem`` (work files in its ``criu-work``, images readable by
+    ``image_gid``); ``frozen`` says whether we froze its cgroup first. A dump that failed only for a passing reason
+    (:data:`SETTLING_DUMP_ERRORS`: a unix socket holding a message with control data CRIU can't save, e.g. a
+    systemd notification not read yet when the freezer stopped the guest, typical right after a boot; a task in
+    uninterruptible sleep CRIU could not seize; a connection not accepted yet that already wrote) is tried again
+    after the sandbox ran :data:`SETTLE_SECONDS`, at most ``len(SETTLE_SECONDS)`` more times, frozen again before
+    each try when it was frozen at first. Returns whether the cgroup is frozen by us; raises the last
+    :class:`RuntimeError_`."""
+    path = node._cgroup_path(id)
+    for wait in (*SETTLE_SECONDS, None):
+        try:
+            node.runtime.checkpoint(id, mem, node._dir(id) / "criu-work", image_gid=image_gid)
+            return frozen
+        except RuntimeError_ as e:
+            if wait is None or not any(m in e.detail for m in SETTLING_DUMP_ERRORS):
+                raise
+            log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
+                     e.detail.strip().rsplit("\n", 1)[-1])
+            cgroup.thaw(path)  # CRIU freezes again a cgroup it found frozen when its dump fails
+            time.sleep(wait)
+            if frozen:
+                frozen = cgroup.freeze(path)
+    raise AssertionError("unreachable")

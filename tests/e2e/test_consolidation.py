@@ -82,7 +82,8 @@ def test_the_loop_empties_a_light_node_onto_a_fuller_one_and_no_sandbox_loses_a_
     start_holder(srv, live)
     before = _holder(srv, live)
     ok(srv, "exec", parked, "--detach", "sleep 100000")
-    parked_pid = ok(srv, "exec", parked, "pgrep -o -f 'sleep 100000'").strip()
+    parked_pid = poll(lambda: ok(srv, "exec", parked, "pgrep -o -f '[s]leep 100000' || true").strip(),
+                      "the job's sleep to start", 30, 0.1)  # its unit answers before the login shell runs it
     ok(srv, "stop", parked, "--wait")
     _cordon(srv, nodes, 9, 10)  # node 11: two running sandboxes (25%: not light)
     fillers = [ok(srv, "new", "--type", "small").strip() for _ in range(2)]

@@ -70,7 +70,8 @@ def test_drain_moves_running_and_stopped_sandboxes_with_their_processes(
     assert (offset, nlink) == ("12345", "0")
     ok(srv, "exec", parked, "echo parked > ~/note")
     ok(srv, "exec", parked, "--detach", "sleep 100000")
-    parked_pid = ok(srv, "exec", parked, "pgrep -o -f 'sleep 100000'").strip()
+    parked_pid = poll(lambda: ok(srv, "exec", parked, "pgrep -o -f '[s]leep 100000' || true").strip(),
+                      "the job's sleep to start", 30, 0.1)  # its unit answers before the login shell runs it
     ok(srv, "stop", parked, "--wait")
     before = _info(srv, live)
     ok(srv, "node", "uncordon", n8)

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.helpers import poll
+
 pytestmark = pytest.mark.e2e
 
 SEED = Path(__file__).with_name("seed")
@@ -97,12 +99,14 @@ def test_resize_rules(server: Any) -> None:
 def test_memory_resume_keeps_processes(server: Any) -> None:
     sid = new_sandbox(server)
     job = server.sbx("exec", sid, "--detach", "sleep 1000", check=True).stdout.strip()
-    pid = server.sbx("exec", sid, "pgrep -f 'sleep 1000'", check=True).stdout.split()[0]
+    # the job's unit answers before its login shell has started the command
+    pid = poll(lambda: server.sbx("exec", sid, "pgrep -o -f '[s]leep 1000' || true", check=True).stdout.strip(),
+               "sleep to start", 30, 0.1)
     server.sbx("stop", sid, "--wait", check=True)
     server.sbx("resume", sid, "--wait", check=True)
     sb = info(server, sid)
     assert sb["memoryRestored"] is True and sb["resumeReason"] is None
-    assert server.sbx("exec", sid, "pgrep -f 'sleep 1000'", check=True).stdout.split()[0] == pid
+    assert server.sbx("exec", sid, "pgrep -o -f '[s]leep 1000'", check=True).stdout.strip() == pid
     assert job.startswith("job_")
     server.sbx("delete", sid, "--wait", check=True)
 

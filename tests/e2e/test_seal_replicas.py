@@ -91,7 +91,8 @@ def test_without_a_replica_the_resume_says_the_node_is_gone(cluster: tuple[Serve
     other = next(n for n in nodes if n is not home)
     ok(srv, "exec", sid, "echo mine > ~/mine")
     ok(srv, "exec", sid, "--detach", "sleep 545454")
-    pid = ok(srv, "exec", sid, "pgrep -f 'sleep 545454'").strip()
+    pid = poll(lambda: ok(srv, "exec", sid, "pgrep -o -f '[s]leep 545454' || true").strip(),
+               "the job's sleep to start", 30, 0.1)  # its unit answers before the login shell runs it
     ok(srv, "node", "cordon", other.node_name)
     try:
         ok(srv, "stop", sid, "--wait")

@@ -122,7 +122,8 @@ def test_fork_of_a_stopped_sandbox_leaves_it_stopped_with_its_memory(server: Any
     run(server, src, "echo kept > ~/kept")
     job = server.sbx("exec", src, "--detach", "sleep 1000", check=True).stdout.strip()
     assert job.startswith("job_")
-    pid = run(server, src, "pgrep -x sleep").split()[0]
+    # the job's unit answers before its login shell has exec'd sleep
+    pid = poll(lambda: run(server, src, "pgrep -x sleep || true").strip() or None, "sleep to start", 30, 0.1)
     server.sbx("stop", src, "--wait", check=True)
     r = server.sbx("fork", src, "--wait", "--json", check=True)
     events = [json.loads(line) for line in r.stdout.splitlines()]
