@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 
 from sbx.api import schemas as S
+from sbx.api import schemas_accounts as SA
 from sbx.api.auth import principal, require_admin
 from sbx.api.models import CreateKey, with_plans
 from sbx.control.accounts import Principal, account_view, key_view
@@ -64,7 +65,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
     Who = Depends(principal)
     CreateAccount, UpdateAccount = with_plans(list(cp.plans))
 
-    @v1.post("/accounts", status_code=201, tags=["accounts"], response_model=S.AccountCreated,
+    @v1.post("/accounts", status_code=201, tags=["accounts"], response_model=SA.AccountCreated,
              responses=S.errors(400, 403, 409))
     def create_account(body: CreateAccount, who: Principal = Who) -> dict[str, Any]:  # type: ignore[valid-type]
         """Create an account (admin) with a first key named ``default``; the key's ``token`` is shown only here."""
@@ -72,13 +73,13 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         row, key, token = cp.accounts.create_account(body.name, body.plan)  # type: ignore[attr-defined]
         return {"account": account_view(row), "key": key_view(key, token)}
 
-    @v1.get("/accounts", tags=["accounts"], response_model=S.AccountList, responses=S.errors(403))
+    @v1.get("/accounts", tags=["accounts"], response_model=SA.AccountList, responses=S.errors(403))
     def list_accounts(who: Principal = Who) -> dict[str, Any]:
         """Every account, oldest first (admin)."""
         require_admin(who)
         return {"accounts": [account_view(r) for r in cp.accounts.list_accounts()]}
 
-    @v1.patch("/accounts/{account_id}", tags=["accounts"], response_model=S.AccountOut,
+    @v1.patch("/accounts/{account_id}", tags=["accounts"], response_model=SA.AccountOut,
               responses=S.errors(400, 403, 404))
     def update_account(account_id: str, body: UpdateAccount,  # type: ignore[valid-type]
                        who: Principal = Who) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         require_admin(who)
         return {"account": account_view(cp.accounts.set_plan(account_id, body.plan))}  # type: ignore[attr-defined]
 
-    @v1.post("/accounts/{account_id}/keys", status_code=201, tags=["accounts"], response_model=S.KeyOut,
+    @v1.post("/accounts/{account_id}/keys", status_code=201, tags=["accounts"], response_model=SA.KeyOut,
              responses=S.errors(400, 404))
     def create_key(account_id: str, body: CreateKey | None = None, who: Principal = Who) -> dict[str, Any]:
         """A new key for the account (the admin, or a key of that account); its ``token`` is shown only here."""
@@ -94,13 +95,13 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         row, token = cp.accounts.create_key(_visible_account(who, account_id), b.name, b.expires_in)
         return {"key": key_view(row, token)}
 
-    @v1.get("/accounts/{account_id}/keys", tags=["accounts"], response_model=S.KeyList, responses=S.errors(404))
+    @v1.get("/accounts/{account_id}/keys", tags=["accounts"], response_model=SA.KeyList, responses=S.errors(404))
     def list_keys(account_id: str, who: Principal = Who) -> dict[str, Any]:
         """The account's keys, oldest first (prefixes only, never tokens)."""
         cp.accounts.get_account(_visible_account(who, account_id))
         return {"keys": [key_view(r) for r in cp.accounts.list_keys(account_id)]}
 
-    @v1.delete("/keys/{key_id}", tags=["accounts"], response_model=S.KeyOut, responses=S.errors(403, 404))
+    @v1.delete("/keys/{key_id}", tags=["accounts"], response_model=SA.KeyOut, responses=S.errors(403, 404))
     def revoke_key(key_id: str, who: Principal = Who) -> dict[str, Any]:
         """Revoke a key: from now on it answers 401. 403 ``protected_key`` for the installation's admin key."""
         row = cp.accounts.get_key(key_id)
@@ -108,19 +109,19 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
             raise not_found(f"key {key_id}")
         return {"key": key_view(cp.accounts.revoke(key_id))}
 
-    @v1.get("/account", tags=["accounts"], response_model=S.AccountPlan, responses=S.errors(404))
+    @v1.get("/account", tags=["accounts"], response_model=SA.AccountPlan, responses=S.errors(404))
     def my_account(account: str | None = Query(None, description="another account's (admin)"),
                    who: Principal = Who) -> dict[str, Any]:
         """The key's account (the admin may name another), its plan, and what it uses now."""
         account_id = _visible_account(who, account or who.account_id)
         return {"account": account_view(cp.accounts.get_account(account_id)), **cp.account_plan(account_id)}
 
-    @v1.get("/plans", tags=["accounts"], response_model=S.PlanList, responses=S.errors())
+    @v1.get("/plans", tags=["accounts"], response_model=SA.PlanList, responses=S.errors())
     def list_plans() -> dict[str, Any]:
         """The server's plan table, cheapest first."""
         return {"plans": [p.view() for p in cp.plans.values()]}
 
-    @v1.get("/usage", tags=["accounts"], response_model=S.Usage, responses=S.errors(400, 404))
+    @v1.get("/usage", tags=["accounts"], response_model=SA.Usage, responses=S.errors(400, 404))
     def usage(
         from_: str | None = Query(None, alias="from", max_length=64, pattern=WHEN_PATTERN,
                                   description="start: a date or ISO time (UTC); default the start of this month (a "

@@ -67,6 +67,7 @@ from starlette.concurrency import iterate_in_threadpool
 from sbx import __version__ as sbx_version
 from sbx.api import account_routes, console, consolidation_api, errors, sandbox_io, secrets_api
 from sbx.api import schemas as S
+from sbx.api import schemas_nodes as SN
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.models import (
     AddNode,
@@ -327,13 +328,13 @@ def create_app(
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox_id))}
 
     # Nodes are shared by every account: only the installation's admin key sees or cordons them.
-    @v1.get("/nodes", tags=["nodes"], response_model=S.NodeList, responses=S.errors(403))
+    @v1.get("/nodes", tags=["nodes"], response_model=SN.NodeList, responses=S.errors(403))
     def list_nodes(who: Principal = Who) -> dict[str, Any]:
         """Every registered node agent with its status, capacity, load and fingerprint, by name (admin key)."""
         require_admin(who)
         return {"nodes": cp.registry.views()}
 
-    @v1.post("/nodes", tags=["nodes"], status_code=201, response_model=S.NodeOut, responses=S.errors(400, 403, 502))
+    @v1.post("/nodes", tags=["nodes"], status_code=201, response_model=SN.NodeOut, responses=S.errors(400, 403, 502))
     def add_node(body: AddNode, who: Principal = Who) -> dict[str, Any]:
         """Add the node agent at ``url`` (with its node token) to the nodes every replica drives (admin key). It
         is asked for its heartbeat first: 400 ``node_unauthorized`` for a wrong token, 502 ``node_unreachable``
@@ -341,27 +342,27 @@ def create_app(
         require_admin(who)
         return {"node": cp.add_node(body.url, body.token)}
 
-    @v1.delete("/nodes/{name}", tags=["nodes"], response_model=S.NodeOut, responses=S.errors(403, 404, 409))
+    @v1.delete("/nodes/{name}", tags=["nodes"], response_model=SN.NodeOut, responses=S.errors(403, 404, 409))
     def remove_node(name: str, who: Principal = Who) -> dict[str, Any]:
         """Stop driving node ``name`` (admin key): 409 ``node_in_use`` while it holds sandboxes (delete or move
         them first), 409 ``node_configured`` for the server's own node (SBX_NODE_URL or the embedded one)."""
         require_admin(who)
         return {"node": cp.remove_node(name)}
 
-    @v1.post("/nodes/{name}/cordon", tags=["nodes"], response_model=S.NodeOut, responses=S.errors(403, 404))
+    @v1.post("/nodes/{name}/cordon", tags=["nodes"], response_model=SN.NodeOut, responses=S.errors(403, 404))
     def cordon_node(name: str, who: Principal = Who) -> dict[str, Any]:
         """Place no new sandbox on node ``name``; its sandboxes keep running (admin key)."""
         require_admin(who)
         return {"node": cp.registry.cordon(name, True)}
 
-    @v1.post("/nodes/{name}/uncordon", tags=["nodes"], response_model=S.NodeOut, responses=S.errors(403, 404))
+    @v1.post("/nodes/{name}/uncordon", tags=["nodes"], response_model=SN.NodeOut, responses=S.errors(403, 404))
     def uncordon_node(name: str, who: Principal = Who) -> dict[str, Any]:
         """Let new sandboxes go to node ``name`` again (admin key)."""
         require_admin(who)
         return {"node": cp.registry.cordon(name, False)}
 
-    @v1.post("/nodes/{name}/drain", tags=["nodes"], status_code=202, response_model=S.DrainOut,
-             responses={200: {"model": S.DrainOut, "description": "with `?wait=true`: the drain has finished"},
+    @v1.post("/nodes/{name}/drain", tags=["nodes"], status_code=202, response_model=SN.DrainOut,
+             responses={200: {"model": SN.DrainOut, "description": "with `?wait=true`: the drain has finished"},
                         **S.errors(403, 404)})
     def drain_node(name: str, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
                    ) -> JSONResponse:
@@ -380,7 +381,7 @@ def create_app(
             drain = cp.drains.get(name)
         return JSONResponse({"drain": drain}, status_code=200 if drain["state"] == "done" else 202)
 
-    @v1.get("/nodes/{name}/drain", tags=["nodes"], response_model=S.DrainOut, responses=S.errors(403, 404))
+    @v1.get("/nodes/{name}/drain", tags=["nodes"], response_model=SN.DrainOut, responses=S.errors(403, 404))
     def drain_status(name: str, who: Principal = Who) -> dict[str, Any]:
         """The last drain of node ``name`` this server ran, with each sandbox's progress (admin key); 404 when it
         ran none."""

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from sbx.api import schemas as S
+from sbx.api import schemas_nodes as SN
 from sbx.api.auth import principal, require_admin
 from sbx.control.accounts import Principal
 from sbx.control.consolidate import Consolidator
@@ -21,7 +22,7 @@ def register(v1: APIRouter, consolidator: Consolidator) -> None:
     """Add ``GET /v1/consolidation`` to ``v1`` (the authenticated ``/v1`` router)."""
     Who = Depends(principal)
 
-    @v1.get("/consolidation", tags=["nodes"], response_model=S.ConsolidationOut, responses=S.errors(403))
+    @v1.get("/consolidation", tags=["nodes"], response_model=SN.ConsolidationOut, responses=S.errors(403))
     def consolidation(who: Principal = Who) -> dict[str, Any]:
         """What the consolidation loop decided last (admin key): whether it runs (``SBX_CONSOLIDATE_SECONDS``, 0 =
         off) and leads on this replica, its thresholds, the last plan (which node it empties and where each

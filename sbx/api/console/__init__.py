@@ -28,6 +28,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from sbx.api import schemas as S
+from sbx.api import schemas_accounts as SA
 from sbx.api.auth import Gate, client_address
 from sbx.api.models import SignIn
 from sbx.api.sessions import SESSION_COOKIE, Session, same_origin
@@ -77,7 +78,7 @@ def register(app: FastAPI) -> None:
 
     app.mount("/console", StaticFiles(directory=STATIC, check_dir=False), name="console")
 
-    @app.post("/v1/console/session", tags=["console"], response_model=S.ConsoleSessionOut,
+    @app.post("/v1/console/session", tags=["console"], response_model=SA.ConsoleSessionOut,
               responses=S.errors(401, 403))
     def sign_in(body: SignIn, request: Request) -> JSONResponse:
         """Sign the web console in with an API key: answers the session and sets its HttpOnly, SameSite=Strict
@@ -94,7 +95,7 @@ def register(app: FastAPI) -> None:
                         samesite="strict", secure=_secure(request))
         return resp
 
-    @app.get("/v1/console/session", tags=["console"], response_model=S.ConsoleSessionOut, responses=S.errors(401))
+    @app.get("/v1/console/session", tags=["console"], response_model=SA.ConsoleSessionOut, responses=S.errors(401))
     def current_session(request: Request) -> dict[str, Any]:
         """The console session of this request's cookie (its ``csrf`` token), or ``401 unauthorized``."""
         who = gate.authorize("GET", {}, request.cookies, client_address(request))
@@ -103,7 +104,7 @@ def register(app: FastAPI) -> None:
             raise ControlError("unauthorized", "no console session", 401)
         return _session_view(session, who)
 
-    @app.delete("/v1/console/session", tags=["console"], response_model=S.SignedOut, responses=S.errors())
+    @app.delete("/v1/console/session", tags=["console"], response_model=SA.SignedOut, responses=S.errors())
     def sign_out(request: Request) -> JSONResponse:
         """Sign out: ends the cookie's session (if any) and clears the cookie."""
         gate.sessions.close(request.cookies.get(SESSION_COOKIE))
