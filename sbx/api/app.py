@@ -34,11 +34,7 @@ Endpoints::
     ...    /v1/sandboxes/{id}/routes, /files, /pty        hosted ports, files, terminals: see sbx.api.sandbox_io
     GET    /v1/snapshots                               all snapshots          200 {"snapshots": [...]}
     ...    /v1/secrets, /v1/sandboxes/{id}/secrets      credential proxy: see sbx.api.secrets_api
-    GET    /v1/nodes                                   the node registry      200 {"nodes": [...]}
-    POST   /v1/nodes/{name}/cordon | /uncordon         no new sandboxes there 200 {"node"}
-    POST   /v1/nodes/{name}/drain                      move all off it        202 {"drain"}
-    GET    /v1/nodes/{name}/drain                      its progress           200 {"drain"}
-    GET    /v1/consolidation                           the loop's last plan   200 {"consolidation"}
+    ...    /v1/nodes, /v1/consolidation                 nodes, drains (admin): see sbx.api.nodes_api
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
 
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
@@ -55,7 +51,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -65,12 +60,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import account_routes, console, consolidation_api, errors, sandbox_io, secrets_api
+from sbx.api import account_routes, console, errors, nodes_api, sandbox_io, secrets_api
 from sbx.api import schemas as S
-from sbx.api import schemas_nodes as SN
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.models import (
-    AddNode,
+    TIMEOUT_QUERY,
+    WAIT_QUERY,
     CreateSandbox,
     ExecCommand,
     ForkSandbox,
@@ -94,24 +89,8 @@ from sbx.node.types import NodeAgent
 log = logging.getLogger("sbx.api")
 
 NDJSON = "application/x-ndjson"
-WAIT_TIMEOUT = 900.0
 _DONE: dict[int | str, dict[str, Any]] = {200: {"model": S.SandboxOut, "description": "with wait=true: the sandbox "
                                                 "once the operation has finished"}}
-
-CAPACITY_RESPONSES: dict[int | str, dict[str, Any]] = {
-    507: {
-        "model": S.ErrorBody,
-        "description": "insufficient_capacity: the node cannot hold the sandbox's memory (sum of memory limits of "
-        "sandboxes that are not stopped, against (host RAM - SBX_MEMORY_RESERVE_MIB) x SBX_MEMORY_OVERCOMMIT) or "
-        "its disk (free space under the data volume minus SBX_DISK_RESERVE_GIB); nothing was changed",
-        "content": {"application/json": {"example": {"error": {
-            "code": "insufficient_capacity",
-            "message": "not enough memory on this node for a new small sandbox (4096 MiB): sandboxes that are not "
-            "stopped already hold 90112 MiB of the 92324 MiB this node may promise ((24105 MiB RAM - 1024 MiB "
-            "reserve) x overcommit 4); stop or delete a sandbox, or raise SBX_MEMORY_OVERCOMMIT"}}}},
-    }
-}
-"""OpenAPI ``responses`` of the operations that admit a sandbox (create, resume, fork)."""
 
 
 def _stream(what: str) -> dict[str, Any]:
@@ -219,12 +198,11 @@ def create_app(
             return JSONResponse(settled(row.id, timeout), status_code=200)
         return JSONResponse({"sandbox": cp.view(row)}, status_code=202)
 
-    WaitQ = Query(False, alias="wait", description="answer when the operation has finished")
-    TimeoutQ = Query(WAIT_TIMEOUT, alias="timeout", ge=0, le=86400, description="longest wait in seconds with "
-                     "wait=true")
+    WaitQ = WAIT_QUERY
+    TimeoutQ = TIMEOUT_QUERY
 
     @v1.post("/sandboxes", status_code=202, tags=["sandboxes"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **S.CAPACITY_RESPONSES})
     def create_sandbox(body: CreateSandbox, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
                        ) -> JSONResponse:
         """Create a sandbox for the key's account; answers 202 in state ``provisioning`` (or 200 once running with
@@ -291,7 +269,7 @@ def create_app(
         return accepted(cp.migrate(sandbox_id, to=to), wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/resume", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **S.CAPACITY_RESPONSES})
     def resume_sandbox(
         sandbox_id: str, body: ResumeSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -302,7 +280,7 @@ def create_app(
         return accepted(row, wait_, timeout)
 
     @v1.post("/sandboxes/{sandbox_id}/fork", status_code=202, tags=["lifecycle"], response_model=S.SandboxOut,
-             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **CAPACITY_RESPONSES})
+             responses={**S.errors(400, 403, 404, 409, 502, 507), **_DONE, **S.CAPACITY_RESPONSES})
     def fork_sandbox(
         sandbox_id: str, body: ForkSandbox | None = None, wait_: bool = WaitQ, timeout: float = TimeoutQ
     ) -> JSONResponse:
@@ -326,67 +304,6 @@ def create_app(
     def sandbox_snapshots(sandbox_id: str) -> dict[str, Any]:
         """Snapshots made from this sandbox, oldest first."""
         return {"snapshots": cp.snapshot_views(cp.snapshots(sandbox_id))}
-
-    # Nodes are shared by every account: only the installation's admin key sees or cordons them.
-    @v1.get("/nodes", tags=["nodes"], response_model=SN.NodeList, responses=S.errors(403))
-    def list_nodes(who: Principal = Who) -> dict[str, Any]:
-        """Every registered node agent with its status, capacity, load and fingerprint, by name (admin key)."""
-        require_admin(who)
-        return {"nodes": cp.registry.views()}
-
-    @v1.post("/nodes", tags=["nodes"], status_code=201, response_model=SN.NodeOut, responses=S.errors(400, 403, 502))
-    def add_node(body: AddNode, who: Principal = Who) -> dict[str, Any]:
-        """Add the node agent at ``url`` (with its node token) to the nodes every replica drives (admin key). It
-        is asked for its heartbeat first: 400 ``node_unauthorized`` for a wrong token, 502 ``node_unreachable``
-        (nothing is stored then)."""
-        require_admin(who)
-        return {"node": cp.add_node(body.url, body.token)}
-
-    @v1.delete("/nodes/{name}", tags=["nodes"], response_model=SN.NodeOut, responses=S.errors(403, 404, 409))
-    def remove_node(name: str, who: Principal = Who) -> dict[str, Any]:
-        """Stop driving node ``name`` (admin key): 409 ``node_in_use`` while it holds sandboxes (delete or move
-        them first), 409 ``node_configured`` for the server's own node (SBX_NODE_URL or the embedded one)."""
-        require_admin(who)
-        return {"node": cp.remove_node(name)}
-
-    @v1.post("/nodes/{name}/cordon", tags=["nodes"], response_model=SN.NodeOut, responses=S.errors(403, 404))
-    def cordon_node(name: str, who: Principal = Who) -> dict[str, Any]:
-        """Place no new sandbox on node ``name``; its sandboxes keep running (admin key)."""
-        require_admin(who)
-        return {"node": cp.registry.cordon(name, True)}
-
-    @v1.post("/nodes/{name}/uncordon", tags=["nodes"], response_model=SN.NodeOut, responses=S.errors(403, 404))
-    def uncordon_node(name: str, who: Principal = Who) -> dict[str, Any]:
-        """Let new sandboxes go to node ``name`` again (admin key)."""
-        require_admin(who)
-        return {"node": cp.registry.cordon(name, False)}
-
-    @v1.post("/nodes/{name}/drain", tags=["nodes"], status_code=202, response_model=SN.DrainOut,
-             responses={200: {"model": SN.DrainOut, "description": "with `?wait=true`: the drain has finished"},
-                        **S.errors(403, 404)})
-    def drain_node(name: str, wait_: bool = WaitQ, timeout: float = TimeoutQ, who: Principal = Who
-                   ) -> JSONResponse:
-        """Cordon node ``name`` and move every sandbox off it (admin key): running ones by live migration, stopped
-        ones with their disk and memory image, to nodes placement picks. Answers at once with the drain (each
-        sandbox ``pending``); follow it with ``GET /v1/nodes/{name}/drain``; ``?wait=true`` answers 200 when it
-        has finished. A sandbox no other node can take stays where it is, its item ``failed`` with
-        ``insufficient_capacity``. A drain already running there is returned as it is."""
-        require_admin(who)
-        drain = cp.drains.start(name)
-        if not wait_:
-            return JSONResponse({"drain": drain}, status_code=202)
-        deadline = time.monotonic() + timeout
-        while drain["state"] == "draining" and time.monotonic() < deadline:
-            time.sleep(0.5)
-            drain = cp.drains.get(name)
-        return JSONResponse({"drain": drain}, status_code=200 if drain["state"] == "done" else 202)
-
-    @v1.get("/nodes/{name}/drain", tags=["nodes"], response_model=SN.DrainOut, responses=S.errors(403, 404))
-    def drain_status(name: str, who: Principal = Who) -> dict[str, Any]:
-        """The last drain of node ``name`` this server ran, with each sandbox's progress (admin key); 404 when it
-        ran none."""
-        require_admin(who)
-        return {"drain": cp.drains.get(name)}
 
     @v1.get("/snapshots", tags=["snapshots"], response_model=S.SnapshotList, responses=S.errors(404))
     def list_snapshots(sandbox: str | None = Query(None, description="only this sandbox's"), who: Principal = Who
@@ -477,7 +394,7 @@ def create_app(
     sandbox_io.register(app, v1, cp)
     account_routes.register(v1, cp)
     secrets_api.register(v1, cp)
-    consolidation_api.register(v1, consolidator)
+    nodes_api.register(v1, cp, consolidator)
     console.register(app)
     app.include_router(v1)
     return app

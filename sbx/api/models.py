@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from fastapi import Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -28,6 +29,13 @@ NAME_MAX = 200
 """Longest sandbox name, in characters."""
 PATH_MAX = 4096
 """Longest path (``cwd``, files API), in UTF-8 bytes."""
+WAIT_TIMEOUT = 900.0
+"""Longest ``?wait=true`` of a long operation when the request names no ``timeout``, in seconds."""
+WAIT_QUERY: Any = Query(False, alias="wait", description="answer when the operation has finished")
+"""The ``?wait=`` parameter of a long operation (create, stop, resume, fork, delete, migrate, drain)."""
+TIMEOUT_QUERY: Any = Query(WAIT_TIMEOUT, alias="timeout", ge=0, le=86400,
+                           description="longest wait in seconds with wait=true")
+"""Its ``?timeout=`` (seconds)."""
 SIZE_TYPES = ("small", "default", "large", "xlarge")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABELS_MAX = 32

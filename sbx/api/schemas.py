@@ -206,6 +206,22 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": _TEXT.get(s, "error")} for s in wanted}
 
 
+CAPACITY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    507: {
+        "model": ErrorBody,
+        "description": "insufficient_capacity: the node cannot hold the sandbox's memory (sum of memory limits of "
+        "sandboxes that are not stopped, against (host RAM - SBX_MEMORY_RESERVE_MIB) x SBX_MEMORY_OVERCOMMIT) or "
+        "its disk (free space under the data volume minus SBX_DISK_RESERVE_GIB); nothing was changed",
+        "content": {"application/json": {"example": {"error": {
+            "code": "insufficient_capacity",
+            "message": "not enough memory on this node for a new small sandbox (4096 MiB): sandboxes that are not "
+            "stopped already hold 90112 MiB of the 92324 MiB this node may promise ((24105 MiB RAM - 1024 MiB "
+            "reserve) x overcommit 4); stop or delete a sandbox, or raise SBX_MEMORY_OVERCOMMIT"}}}},
+    }
+}
+"""OpenAPI ``responses`` of the operations that admit a sandbox (create, resume, fork)."""
+
+
 class StatsSample(Out):
     """One resource sample: ``at`` (Unix seconds), memory used and limit (MiB), CPU percent (100 = one core)."""
 

@@ -4,19 +4,8 @@
 
 1. host packages (:data:`HOST_PACKAGES`) with ``apt-get install`` for those ``dpkg-query`` does not report as
    installed;
-2. CRIU :data:`CRIU_VERSION` from Debian sid into ``settings.criu_dir`` (bookworm's CRIU 3.17 fails on kernels
-   >= 6.13 and trixie's 4.1.1 on >= 6.16; runtime-facts). The ordinary ``apt-get`` downloads sid's ``criu``
-   and ``iptables`` with their libraries, using a private configuration under ``criu_dir/apt`` (own sources list
-   on the host's Debian mirror URI, own state and cache, an empty dpkg status, no Recommends) so the host's
-   package database is never touched. ``dpkg-deb -x`` unpacks every package into ``criu_dir/root``, and
-   wrapper scripts run sid's binaries through sid's own dynamic loader with ``--library-path`` (sid's CRIU
-   needs a newer glibc than bookworm's):
-
-   - ``criu_dir/criu`` (what runc's ``--criu`` flag points at) and the same in ``criu_dir/bin/criu``;
-   - ``criu_dir/bin/iptables``, ``iptables-restore``, ``iptables-save`` and the ``ip6tables`` ones (sid's
-     nft-based iptables, for CRIU's network lock of images dumped with one: sbx's own skip it); put
-     ``criu_dir/bin`` first on ``PATH`` to use them;
-
+2. CRIU :data:`~sbx.node.criuinstall.CRIU_VERSION` from Debian sid into ``settings.criu_dir``, beside the host's
+   own packages (:func:`sbx.node.criuinstall.install_criu`);
 3. the reflink XFS data volume (:func:`sbx.storage.volume.ensure_volume`);
 4. the base image (:func:`sbx.node.image.ensure_image`).
 
@@ -27,8 +16,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
-import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -39,10 +26,17 @@ from typing import Any
 from sbx.config import Settings
 from sbx.node import image as image_mod
 from sbx.node import limits, lxcfs
-from sbx.node.tools import run_checked
-from sbx.node.types import NodeError
-
-Progress = Callable[[str], None]
+from sbx.node.criuinstall import (
+    CRIU_VERSION,
+    HostSetupError,
+    Progress,
+    criu_wrapper,
+    install_criu,
+    installed_criu_version,
+    quiet,
+    run_step,
+    version_tuple,
+)
 
 #: Debian packages the host needs (runc; image build; disks and the XFS volume; networking; uid maps).
 HOST_PACKAGES = (
@@ -61,37 +55,6 @@ HOST_PACKAGES = (
     "openssh-client",
 )
 
-#: The CRIU release sbx is tested with (Debian sid's package).
-CRIU_VERSION = "4.2.1"
-#: Packages taken from sid for ``criu_dir`` (their dependencies come along).
-CRIU_PACKAGES = ("criu", "iptables")
-CRIU_SUITE = "sid"
-KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-
-#: Debian architecture -> (multiarch triplet, dynamic loader file name).
-_LOADERS = {
-    "amd64": ("x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
-    "arm64": ("aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
-}
-
-#: Wrapper name in ``criu_dir/bin`` -> the name xtables-nft-multi (under ``root/usr/sbin``) dispatches on.
-_XTABLES_WRAPPERS = {
-    "iptables": "iptables-nft",
-    "iptables-restore": "iptables-nft-restore",
-    "iptables-save": "iptables-nft-save",
-    "ip6tables": "ip6tables-nft",
-    "ip6tables-restore": "ip6tables-nft-restore",
-    "ip6tables-save": "ip6tables-nft-save",
-}
-
-
-class HostSetupError(NodeError):
-    """A host setup step failed (code ``host_setup_failed``); ``message`` names the step and the tool's
-    output."""
-
-    def __init__(self, message: str, code: str = "host_setup_failed"):
-        super().__init__(code, message)
-
 
 @dataclass
 class Check:
@@ -102,14 +65,6 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
-
-
-def _noop(_msg: str) -> None:
-    return None
-
-
-def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
-    return run_checked(argv, what, HostSetupError, env=env).stdout
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -134,7 +89,7 @@ def missing_packages(names: tuple[str, ...] | list[str] = HOST_PACKAGES) -> list
 def install_host_packages(progress: Progress | None = None) -> list[str]:
     """``apt-get install`` the missing :data:`HOST_PACKAGES` (after ``apt-get update`` if a first try fails).
     Returns the names installed (empty when nothing was missing). Raises :class:`HostSetupError`."""
-    say = progress or _noop
+    say = progress or quiet
     missing = missing_packages()
     if not missing:
         say("Host packages: all present")
@@ -143,195 +98,12 @@ def install_host_packages(progress: Progress | None = None) -> list[str]:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     argv = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
     try:
-        _run(argv, "apt-get install", env)
+        run_step(argv, "apt-get install", env)
     except HostSetupError:
         say("apt-get install failed; refreshing package lists and retrying")
-        _run(["apt-get", "update", "-q"], "apt-get update", env)
-        _run(argv, "apt-get install", env)
+        run_step(["apt-get", "update", "-q"], "apt-get update", env)
+        run_step(argv, "apt-get install", env)
     return missing
-
-
-# --------------------------------------------------------------------------------------------------------
-# CRIU from sid
-
-
-def _arch() -> str:
-    return _run(["dpkg", "--print-architecture"], "dpkg --print-architecture").strip()
-
-
-def _loader(arch: str) -> tuple[str, str]:
-    try:
-        return _LOADERS[arch]
-    except KeyError:
-        raise HostSetupError(f"no CRIU install recipe for architecture {arch!r}") from None
-
-
-def criu_wrapper(settings: Settings) -> Path:
-    """The ``criu`` wrapper runc runs (``settings.criu_dir / "criu"``)."""
-    return settings.criu_dir / "criu"
-
-
-def installed_criu_version(settings: Settings) -> str | None:
-    """Version reported by ``criu --version`` through the wrapper (``"4.2.1"``); ``None`` if it can't run."""
-    wrapper = criu_wrapper(settings)
-    if not wrapper.exists():
-        return None
-    try:
-        out = subprocess.run([str(wrapper), "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"Version:\s*(\S+)", out)
-    return m.group(1) if m else None
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("-")[0].split("~")[0])[:3])
-
-
-class _PrivateApt:
-    """The ordinary apt client with a private configuration under ``base`` (sources, state, cache, dpkg
-    status), so nothing of the host's own apt state is read or changed besides its ``apt.conf.d`` (proxy settings)."""
-
-    def __init__(self, base: Path, mirror: str):
-        self.base = base
-        self.mirror = mirror
-        self.archives = base / "var/cache/apt/archives"
-
-    def prepare(self) -> None:
-        for d in (
-            "etc/sources.list.d",
-            "etc/preferences.d",
-            "var/lib/apt/lists/partial",
-            "var/cache/apt/archives/partial",
-            "var/lib/dpkg",
-        ):
-            (self.base / d).mkdir(parents=True, exist_ok=True)
-        (self.base / "etc/sources.list").write_text(f"deb [signed-by={KEYRING}] {self.mirror} {CRIU_SUITE} main\n")
-        (self.base / "var/lib/dpkg/status").write_text("")
-
-    def options(self) -> list[str]:
-        b = self.base
-        opts = {
-            "Dir::Etc::SourceList": b / "etc/sources.list",
-            "Dir::Etc::SourceParts": b / "etc/sources.list.d",
-            "Dir::Etc::Preferences": b / "etc/preferences",
-            "Dir::Etc::PreferencesParts": b / "etc/preferences.d",
-            "Dir::State": b / "var/lib/apt",
-            "Dir::State::status": b / "var/lib/dpkg/status",
-            "Dir::Cache": b / "var/cache/apt",
-            "APT::Install-Recommends": "false",
-            "APT::Install-Suggests": "false",
-            "Acquire::Languages": "none",
-        }
-        out: list[str] = []
-        for key, value in opts.items():
-            out += ["-o", f"{key}={value}"]
-        return out
-
-    def run(self, tool: str, *args: str) -> str:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        return _run([tool, *self.options(), *args], f"{tool} {' '.join(args)}", env)
-
-    def candidate(self, package: str) -> str | None:
-        out = self.run("apt-cache", "policy", package)
-        m = re.search(r"Candidate:\s*(\S+)", out)
-        return m.group(1) if m and m.group(1) != "(none)" else None
-
-
-def install_criu(settings: Settings, progress: Progress | None = None) -> str:
-    """Install CRIU from Debian sid into ``settings.criu_dir`` unless the wrapper already reports
-    :data:`CRIU_VERSION`. Returns the installed version. Raises :class:`HostSetupError` when sid has no CRIU
-    at least as new as :data:`CRIU_VERSION`, a download fails, or the unpacked CRIU does not run."""
-    say = progress or _noop
-    have = installed_criu_version(settings)
-    if have == CRIU_VERSION:
-        say(f"CRIU {have}: already installed in {settings.criu_dir}")
-        return have
-    arch = _arch()
-    triplet, loader = _loader(arch)
-    try:
-        mirror = image_mod.debian_mirror()
-    except image_mod.ImageError as e:
-        raise HostSetupError(e.message, code=e.code) from e
-    criu_dir = settings.criu_dir
-    criu_dir.mkdir(parents=True, exist_ok=True)
-    apt = _PrivateApt(criu_dir / "apt", mirror)
-    apt.prepare()
-    say(f"Fetching the Debian {CRIU_SUITE} package index from {mirror}")
-    apt.run("apt-get", "update", "-q")
-    candidate = apt.candidate("criu")
-    if candidate is None or _version_tuple(candidate) < _version_tuple(CRIU_VERSION):
-        raise HostSetupError(f"Debian {CRIU_SUITE} offers criu {candidate or 'none'}, need >= {CRIU_VERSION}")
-    if not candidate.startswith(CRIU_VERSION):
-        say(f"warning: {CRIU_SUITE} has criu {candidate}; sbx is tested with {CRIU_VERSION}")
-    for deb in apt.archives.glob("*.deb"):
-        deb.unlink()
-    say(f"Downloading criu {candidate} and its libraries from {CRIU_SUITE}")
-    apt.run("apt-get", "install", "-y", "-q", "--download-only", *CRIU_PACKAGES)
-    debs = sorted(apt.archives.glob("*.deb"))
-    if not debs:
-        raise HostSetupError("apt-get downloaded no packages for criu")
-
-    new_root = criu_dir / "root.new"
-    shutil.rmtree(new_root, ignore_errors=True)
-    new_root.mkdir()
-    say(f"Unpacking {len(debs)} packages into {criu_dir / 'root'}")
-    for deb in debs:
-        _run(["dpkg-deb", "-x", str(deb), str(new_root)], f"dpkg-deb -x {deb.name}")
-    old_root = criu_dir / "root.old"
-    shutil.rmtree(old_root, ignore_errors=True)
-    root = criu_dir / "root"
-    if root.exists():
-        root.rename(old_root)
-    new_root.rename(root)
-    shutil.rmtree(old_root, ignore_errors=True)
-    for deb in debs:
-        deb.unlink()
-    # The sid package index is only needed again for the next version change; don't keep ~20 MiB of it.
-    shutil.rmtree(apt.base / "var/lib/apt/lists", ignore_errors=True)
-
-    write_wrappers(criu_dir, triplet, loader)
-    version = installed_criu_version(settings)
-    if version is None:
-        raise HostSetupError(f"the unpacked CRIU does not run: {criu_wrapper(settings)} --version failed")
-    (criu_dir / "VERSION").write_text(f"{candidate}\n")
-    say(f"CRIU {version} installed in {criu_dir}")
-    return version
-
-
-def _wrapper_text(root: Path, triplet: str, loader: str, program: str, extra: str = "") -> str:
-    lib = f"$ROOT/usr/lib/{triplet}"
-    return (
-        "#!/bin/sh\n"
-        "# Written by sbx (sbx.node.hostsetup): a program from Debian sid, run through sid's own dynamic\n"
-        "# loader and libraries, because it needs a newer glibc than the host's.\n"
-        f"ROOT={shlex.quote(str(root))}\n"
-        f"{extra}"
-        f'exec "{lib}/{loader}" --library-path "{lib}" {program} "$@"\n'
-    )
-
-
-def write_wrappers(criu_dir: Path, triplet: str = "x86_64-linux-gnu", loader: str = "ld-linux-x86-64.so.2") -> None:
-    """Write ``criu_dir/criu``, ``criu_dir/bin/criu`` and the iptables wrappers in ``criu_dir/bin``
-    (mode 0755), all running programs under ``criu_dir/root``."""
-    root = criu_dir / "root"
-    bin_dir = criu_dir / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    criu_text = _wrapper_text(root, triplet, loader, '"$ROOT/usr/sbin/criu"')
-    for path in (criu_dir / "criu", bin_dir / "criu"):
-        _write_exec(path, criu_text)
-    xtables_env = f'XTABLES_LIBDIR="$ROOT/usr/lib/{triplet}/xtables"\nexport XTABLES_LIBDIR\n'
-    for name, program in _XTABLES_WRAPPERS.items():
-        # xtables-nft-multi picks the tool from argv[0]; ld.so's --argv0 sets it.
-        prog = f'--argv0 {program} "$ROOT/usr/sbin/xtables-nft-multi"'
-        _write_exec(bin_dir / name, _wrapper_text(root, triplet, loader, prog, xtables_env))
-
-
-def _write_exec(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -348,7 +120,7 @@ def setup_host(settings: Settings, progress: Progress | None = None) -> Path:
     Returns the base image path. Needs root and network access to the host's Debian mirror. Raises
     :class:`HostSetupError`, :class:`sbx.node.image.ImageError` or the storage layer's error.
     """
-    say = progress or _noop
+    say = progress or quiet
     install_host_packages(say)
     install_criu(settings, say)
     from sbx.storage.volume import ensure_volume
@@ -414,7 +186,7 @@ def doctor(settings: Settings) -> list[Check]:
     if version is None:
         checks.append(Check("criu", False, f"{wrapper} missing or does not run", setup_fix))
     else:
-        ok = _version_tuple(version) >= _version_tuple(CRIU_VERSION)
+        ok = version_tuple(version) >= version_tuple(CRIU_VERSION)
         detail = f"{wrapper}: CRIU {version}" + ("" if version == CRIU_VERSION else f" (tested: {CRIU_VERSION})")
         checks.append(Check("criu", ok, detail, "" if ok else setup_fix))
 
@@ -449,7 +221,7 @@ def doctor(settings: Settings) -> list[Check]:
     )
 
     release = platform.release()
-    kv = _version_tuple(release)
+    kv = version_tuple(release)
     ok = kv >= (5, 10)
     checks.append(Check("kernel", ok, release, "" if ok else "CRIU and runc need Linux >= 5.10"))
 

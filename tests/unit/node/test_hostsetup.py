@@ -1,4 +1,5 @@
-"""Host setup: package detection, the private apt configuration, CRIU wrappers, the sid install and doctor."""
+"""Host setup (sbx.node.hostsetup, sbx.node.criuinstall): package detection, the private apt configuration, CRIU
+wrappers, the sid install and doctor."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sbx.config import Settings
-from sbx.node import hostsetup
+from sbx.node import criuinstall, hostsetup
 from sbx.node.hostsetup import Check
 
 
@@ -19,11 +20,11 @@ def test_missing_packages_uses_dpkg() -> None:
 
 
 def test_private_apt_configuration(tmp_path: Path) -> None:
-    apt = hostsetup._PrivateApt(tmp_path / "apt", "http://mirror.example.org/debian")
+    apt = criuinstall._PrivateApt(tmp_path / "apt", "http://mirror.example.org/debian")
     apt.prepare()
     sources = (tmp_path / "apt/etc/sources.list").read_text()
     assert sources == (
-        f"deb [signed-by={hostsetup.KEYRING}] http://mirror.example.org/debian {hostsetup.CRIU_SUITE} main\n"
+        f"deb [signed-by={criuinstall.KEYRING}] http://mirror.example.org/debian {criuinstall.CRIU_SUITE} main\n"
     )
     assert (tmp_path / "apt/var/lib/dpkg/status").read_text() == ""
     opts = apt.options()
@@ -36,7 +37,7 @@ def test_private_apt_configuration(tmp_path: Path) -> None:
 
 
 def test_private_apt_config_is_read_by_apt(tmp_path: Path) -> None:
-    apt = hostsetup._PrivateApt(tmp_path / "apt", "http://mirror.example.org/debian")
+    apt = criuinstall._PrivateApt(tmp_path / "apt", "http://mirror.example.org/debian")
     apt.prepare()
     dump = apt.run("apt-config", "dump")
     assert f'Dir::State::status "{tmp_path}/apt/var/lib/dpkg/status";' in dump
@@ -44,7 +45,7 @@ def test_private_apt_config_is_read_by_apt(tmp_path: Path) -> None:
 
 
 def test_wrappers_exec_through_the_loader(tmp_path: Path) -> None:
-    hostsetup.write_wrappers(tmp_path, "x86_64-linux-gnu", "ld-linux-x86-64.so.2")
+    criuinstall.write_wrappers(tmp_path, "x86_64-linux-gnu", "ld-linux-x86-64.so.2")
     root = tmp_path / "root"
     criu = (tmp_path / "criu").read_text()
     assert criu == (tmp_path / "bin/criu").read_text()
@@ -64,7 +65,7 @@ def test_wrappers_exec_through_the_loader(tmp_path: Path) -> None:
 
 def test_wrapper_quotes_odd_paths(tmp_path: Path) -> None:
     odd = tmp_path / "with space"
-    hostsetup.write_wrappers(odd)
+    criuinstall.write_wrappers(odd)
     assert f"ROOT='{odd / 'root'}'\n" in (odd / "criu").read_text()
 
 
@@ -77,21 +78,21 @@ def _fake_criu(settings: Settings, version: str) -> None:
 
 def test_installed_version_and_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(home=tmp_path)
-    assert hostsetup.installed_criu_version(settings) is None
-    _fake_criu(settings, hostsetup.CRIU_VERSION)
-    assert hostsetup.installed_criu_version(settings) == hostsetup.CRIU_VERSION
+    assert criuinstall.installed_criu_version(settings) is None
+    _fake_criu(settings, criuinstall.CRIU_VERSION)
+    assert criuinstall.installed_criu_version(settings) == criuinstall.CRIU_VERSION
 
     def no_apt(*_a: object, **_k: object) -> None:
         raise AssertionError("must not touch apt")
 
-    monkeypatch.setattr(hostsetup._PrivateApt, "run", no_apt)
+    monkeypatch.setattr(criuinstall._PrivateApt, "run", no_apt)
     messages: list[str] = []
-    assert hostsetup.install_criu(settings, messages.append) == hostsetup.CRIU_VERSION
+    assert criuinstall.install_criu(settings, messages.append) == criuinstall.CRIU_VERSION
     assert "already installed" in messages[0]
 
 
 def test_version_ordering() -> None:
-    v = hostsetup._version_tuple
+    v = criuinstall.version_tuple
     assert v("4.2.1-1") == (4, 2, 1)
     assert v("4.2.1-1") >= v("4.2.1") > v("4.1.1-2") > v("3.17.1-2+deb12u1")
     assert v("6.18.44-fc-v857") >= (5, 10)
@@ -148,7 +149,7 @@ def test_install_criu_from_sid(tmp_path: Path) -> None:
         pytest.fail("criu check needs root")
     settings = Settings(home=tmp_path)
     messages: list[str] = []
-    assert hostsetup.install_criu(settings, messages.append) == hostsetup.CRIU_VERSION
+    assert criuinstall.install_criu(settings, messages.append) == criuinstall.CRIU_VERSION
     assert (settings.criu_dir / "root/usr/sbin/criu").is_file()
     assert not list((settings.criu_dir / "apt").rglob("*.deb"))
     out = subprocess.run([str(settings.criu_dir / "criu"), "check"], capture_output=True, text=True)
@@ -161,5 +162,5 @@ def test_install_criu_from_sid(tmp_path: Path) -> None:
     assert checks["criu"].ok and checks["criu check"].ok
     # a second run is a no-op
     again: list[str] = []
-    hostsetup.install_criu(settings, again.append)
+    criuinstall.install_criu(settings, again.append)
     assert len(again) == 1 and "already installed" in again[0]
