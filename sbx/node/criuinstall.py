@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sbx.config import Settings
-from sbx.node import image as image_mod
+from sbx.node import aptsources
 from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
 
@@ -172,8 +172,8 @@ def install_criu(settings: Settings, progress: Progress | None = None) -> str:
     arch = _arch()
     triplet, loader = _loader(arch)
     try:
-        mirror = image_mod.debian_mirror()
-    except image_mod.ImageError as e:
+        mirror = aptsources.debian_mirror()
+    except aptsources.NoMirror as e:
         raise HostSetupError(e.message, code=e.code) from e
     criu_dir = settings.criu_dir
     criu_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ into nftables:
 - ``services``: exact ``(address, protocol, port)`` exceptions a sandbox needs to work as a Debian machine, also
   when they sit on private addresses: the nameservers the host's ``/etc/resolv.conf`` lists (UDP and TCP 53;
   the same ones :func:`host_nameservers` gives the sandboxes' ``resolv.conf``), and the Debian mirrors the image's
-  apt sources name (:func:`sbx.node.image.mirror_lines`), resolved to IPv4 addresses here, at server start, on
+  apt sources name (:func:`sbx.node.aptsources.mirror_lines`), resolved to IPv4 addresses here, at server start, on
   the URI's port (80 for ``http``, 443 for ``https``). A mirror that moves to a new address needs a server
   restart; an apt proxy the guest is told about must be listed in ``egress_allow``.
 """
@@ -152,15 +152,15 @@ def host_networks() -> list[str]:
 def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] | None = None) -> EgressPolicy:
     """The node's policy: :data:`DEFAULT_DENY` plus :func:`host_networks`, ``allow`` parsed by
     :func:`parse_allow` (raises :class:`EgressConfigError` when bad), and services for the host's nameservers and
-    the apt mirrors of ``apt_lines`` (default: the image's, :func:`sbx.node.image.mirror_lines`; none when the host
+    the apt mirrors of ``apt_lines`` (default: the image's, :func:`sbx.node.aptsources.mirror_lines`; none when the host
     lists no Debian mirror). Resolves the mirror host names, so call it once at server start."""
     allowed = parse_allow(allow)
     if apt_lines is None:
-        from sbx.node.image import ImageError, mirror_lines
+        from sbx.node.aptsources import NoMirror, mirror_lines
 
         try:
             apt_lines = mirror_lines()
-        except ImageError:
+        except NoMirror:
             apt_lines = []
     services: list[tuple[str, str, int]] = []
     for ns in host_nameservers():
