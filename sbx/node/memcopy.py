@@ -21,6 +21,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from sbx.config import Size
 from sbx.node import cgroup, recovery
 from sbx.node.agentbase import NodeBase
 from sbx.node.steps import Beside, Steps
+from sbx.node.stopresume import SETTLE_SECONDS, settling
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime import criu, criuimages
 from sbx.runtime.base import RuntimeError_
@@ -149,6 +151,10 @@ class MemoryCopyMixin(NodeBase):
         same instant, since no task of the source runs between the two. What the restore needs besides the image
         (the copy mounted, its identity, the bundle: :meth:`_prepare_restore`) is made while CRIU still dumps.
 
+        A dump that fails for a passing reason (:data:`sbx.node.stopresume.SETTLING_DUMP_ERRORS`, e.g. a unix
+        connection in the source not accepted yet) is made again, copy and all, after the source ran
+        :data:`~sbx.node.stopresume.SETTLE_SECONDS`.
+
         Raises ``NodeError``: ``not_found``, ``not_running`` (the source is not running), ``fork_failed`` (the copy
         or the dump failed; the source runs on), ``restore_failed``."""
         self._record(source_id)
@@ -157,13 +163,23 @@ class MemoryCopyMixin(NodeBase):
             self._new_record(spec, forkedFrom=source_id, startedFrom="memory")
             st.mark("record")
             bundle: list[Path] = []
-            try:
-                old_base = self._copy_running(source_id, spec, st,
-                                              then=lambda: bundle.append(self._prepare_restore(spec.id, spec.size)))
-            except BaseException:
-                self._umount(spec.id)
-                raise
-            self._restore_as_new(spec.id, spec.size, old_base=old_base, clear_tmp=False, bundle=bundle[0])
+            for wait in (*SETTLE_SECONDS, None):
+                try:
+                    old_base = self._copy_running(
+                        source_id, spec, st, then=lambda: bundle.append(self._prepare_restore(spec.id, spec.size)))
+                    break
+                except BaseException as e:
+                    self._umount(spec.id)
+                    if not (wait is not None and isinstance(e, NodeError) and e.code == "fork_failed"
+                            and settling(e.message)):
+                        raise
+                # a dump that failed for a passing reason (as a stop's may): the source runs a moment, then the
+                # disk is copied and dumped again from scratch
+                log.info("fork of %s: the dump failed for a passing reason; letting the source run %.1f s",
+                         source_id, wait)
+                self._disk(spec.id).unlink(missing_ok=True)
+                time.sleep(wait)
+            self._restore_as_new(spec.id, spec.size, old_base=old_base, clear_tmp=False, bundle=bundle[-1])
             st.mark("restore-as-new")
             st.done()
 

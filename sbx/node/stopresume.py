@@ -37,6 +37,11 @@ SETTLE_SECONDS = (0.3, 1.0, 2.0)
 """How long the sandbox runs before each new dump attempt after such an error (seconds)."""
 
 
+def settling(detail: str) -> bool:
+    """Whether CRIU's error output ``detail`` is one of :data:`SETTLING_DUMP_ERRORS`."""
+    return any(m in detail for m in SETTLING_DUMP_ERRORS)
+
+
 class StopResumeMixin(NodeBase):
     """Stop, resume and memory restore (part of :class:`sbx.node.agent.LocalNode`)."""
 
@@ -253,7 +258,7 @@ def checkpoint_settled(node: NodeBase, id: str, mem: Path, *, image_gid: int, fr
             node.runtime.checkpoint(id, mem, node._dir(id) / "criu-work", image_gid=image_gid)
             return frozen
         except RuntimeError_ as e:
-            if wait is None or not any(m in e.detail for m in SETTLING_DUMP_ERRORS):
+            if wait is None or not settling(e.detail):
                 raise
             log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
                      e.detail.strip().rsplit("\n", 1)[-1])

@@ -363,6 +363,25 @@ def test_a_stop_that_meets_an_unread_control_message_lets_it_be_read_and_saves_m
     assert run(node, sandbox.id, "pgrep -f '[u]nread.py'")[0].strip() == pid
 
 
+def test_a_fork_with_memory_that_meets_an_unaccepted_connection_dumps_again(node, sandbox):
+    """The same passing dump error in a fork with memory: the source runs a moment, its disk is copied and it is
+    dumped again, and the fork has the source's process."""
+    run(node, sandbox.id, f"cat > ~/unread.py <<'EOF'\n{UNACCEPTED_CONNECTION}\nEOF")
+    node.exec_detached(sandbox.id, "exec python3 ~/unread.py")
+    deadline = time.monotonic() + 60
+    while run(node, sandbox.id, "test -e /tmp/unread && echo yes || true")[0].strip() != "yes":
+        assert time.monotonic() < deadline, "the guest never connected"
+        time.sleep(0.05)
+    pid = run(node, sandbox.id, "pgrep -f '[u]nread.py'")[0].strip()
+    fork = SandboxSpec(id=sandbox.id[:-1] + "f", hostname="node-fork", size=node.settings.size("small"))
+    try:
+        node.fork_memory(sandbox.id, fork)
+        assert run(node, fork.id, "pgrep -f '[u]nread.py'")[0].strip() == pid
+        assert run(node, sandbox.id, "pgrep -f '[u]nread.py'")[0].strip() == pid
+    finally:
+        node.delete(fork.id)
+
+
 def test_a_deleted_sandbox_leaves_no_exec_channel_state(node):
     """A migration quiesces the source's exec channel and then deletes that copy: the id must not stay marked
     quiet, or the same sandbox moved back to this node would run every command through `runc exec`."""
