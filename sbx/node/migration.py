@@ -28,7 +28,6 @@ from sbx.runtime.runc import remove_tree
 from sbx.storage import delta
 from sbx.storage import disk as disks
 from sbx.storage.errors import StorageError
-from sbx.storage.reflink import clone
 
 log = logging.getLogger("sbx.node")
 
@@ -103,22 +102,6 @@ class MigrationMixin(IncomingMixin):
     """The source of a live migration (part of :class:`sbx.node.agent.LocalNode`); also a destination
     (:class:`sbx.node.migration_in.IncomingMixin`)."""
 
-    def _freeze_clone(self, sid: str, dst: Path) -> None:
-        """Reflink the mounted disk to ``dst`` under ``fsfreeze`` (every acknowledged write is in the copy), keeping
-        its filesystem UUID (it is the same disk, moving). Records the ``freezing`` intent as
-        :meth:`sbx.node.snapshots.SnapshotMixin._clone_live` does. Raises ``StorageError``."""
-        mp = disks.mounted_at(self._disk(sid))
-        if mp is None:
-            raise StorageError("not_mounted", f"the disk of {sid} is not mounted")
-        self._set_phase(sid, self._record(sid)["phase"], freezing=str(mp))
-        try:
-            with disks.frozen(mp):
-                clone(self._disk(sid), dst, mode=0o600)
-        finally:
-            rec = self._record(sid)
-            rec.pop("freezing", None)
-            self._save(sid, rec)
-
     def migrate_out(self, id: str, target: str, ticket: str, image: dict[str, str] | None = None) -> dict[str, Any]:
         """Move the running sandbox ``id`` to the node at ``target`` (its API URL), which prepared for it and gave
         ``ticket`` and its base image's ``{"name", "sha256"}`` (``migrate_prepare``). See the module docstring.
@@ -155,7 +138,8 @@ class MigrationMixin(IncomingMixin):
         full = not image or image.get("sha256") != self.base_image_digest()["sha256"]
         pre = work / "pre.ext4"
         try:
-            self._freeze_clone(id, pre)
+            # under fsfreeze (every acknowledged write is in the copy), keeping its ext4 UUID: the same disk, moving
+            self._clone_live(id, pre, fresh_uuid=False, mode=0o600, mounted=True)
             base = delta.export_delta(pre, None if full else self.image, work / "base.delta")
             self._send(http, id, "base", [base.path])
             pages_to = page_server(http, id)

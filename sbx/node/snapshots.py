@@ -81,18 +81,22 @@ class SnapshotMixin(NodeBase):
             except StorageError as e:
                 raise NodeError("fork_failed", f"growing the fork's disk: {e}") from e
 
-    def _clone_live(self, sid: str, dst: Path, fresh_uuid: bool = True) -> None:
-        """Reflink-copy the sandbox's disk to ``dst``, freezing its filesystem for the copy when it is mounted;
-        the copy gets a new ext4 UUID unless ``fresh_uuid`` is false (:func:`sbx.storage.disk.clone_disk`).
-        A ``freezing`` intent (the mount point) is in the record while it may be frozen, so a reconcile after a
-        crash in that window thaws it (:mod:`sbx.node.recovery`). Raises ``StorageError``."""
+    def _clone_live(self, sid: str, dst: Path, fresh_uuid: bool = True, mode: int = 0o644,
+                    mounted: bool = False) -> None:
+        """Reflink-copy the sandbox's disk to ``dst`` (file mode ``mode``), freezing its filesystem for the copy
+        when it is mounted (``mounted``: it must be, else ``not_mounted``); the copy gets a new ext4 UUID unless
+        ``fresh_uuid`` is false (:func:`sbx.storage.disk.clone_disk`). A ``freezing`` intent (the mount point) is
+        in the record while it may be frozen, so a reconcile after a crash in that window thaws it
+        (:mod:`sbx.node.recovery`). Raises ``StorageError``."""
         mp = disks.mounted_at(self._disk(sid))
+        if mp is None and mounted:
+            raise StorageError("not_mounted", f"the disk of {sid} is not mounted")
         if mp is not None:
             rec = self._record(sid)
             rec["freezing"] = str(mp)
             self._save(sid, rec)
         try:
-            disks.clone_disk(self._disk(sid), dst, mountpoint=mp, fresh_uuid=fresh_uuid)
+            disks.clone_disk(self._disk(sid), dst, mountpoint=mp, fresh_uuid=fresh_uuid, mode=mode)
         finally:
             if mp is not None:
                 rec = self._record(sid)

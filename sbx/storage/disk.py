@@ -348,9 +348,11 @@ def clone_synced(src: PathLike, dst: PathLike, mode: int = 0o644) -> Path:
     return clone(src, dst, mode=mode)
 
 
-def clone_disk(src: PathLike, dst: PathLike, mountpoint: PathLike | None = None, fresh_uuid: bool = True) -> Path:
-    """Fork the disk ``src`` to ``dst`` (reflink; constant time) and give the copy a new filesystem UUID (unless
-    ``fresh_uuid`` is false: the caller then runs :func:`new_uuid` on it later, ~10-20 ms of tune2fs).
+def clone_disk(src: PathLike, dst: PathLike, mountpoint: PathLike | None = None, fresh_uuid: bool = True,
+               mode: int = 0o644) -> Path:
+    """Fork the disk ``src`` to ``dst`` (reflink; constant time; file mode ``mode``) and give the copy a new
+    filesystem UUID (unless ``fresh_uuid`` is false: the caller then runs :func:`new_uuid` on it later, ~10-20 ms
+    of tune2fs; a migration keeps it: the disk moves).
 
     When ``src`` is mounted (a running sandbox) — at ``mountpoint``, or wherever :func:`mounted_at` finds it —
     its filesystem is frozen for the copy, so every write acknowledged before the call is in ``dst`` and the
@@ -362,7 +364,7 @@ def clone_disk(src: PathLike, dst: PathLike, mountpoint: PathLike | None = None,
     s = Path(src)
     if not s.exists():
         raise StorageError("not_found", f"{s} does not exist")
-    out = _consistent_clone(s, dst, mountpoint, 0o644)
+    out = _consistent_clone(s, dst, mountpoint, mode)
     if not fresh_uuid:
         return out
     try:

@@ -342,6 +342,18 @@ time.sleep(1000)
 """
 
 
+def _start_unread(node, sid: str, program: str) -> str:
+    """Run ``program`` (one of the above) as a detached job in ``sid`` until its message is in place (it made
+    ``/tmp/unread``); returns its in-sandbox PID."""
+    run(node, sid, f"cat > ~/unread.py <<'EOF'\n{program}\nEOF")
+    node.exec_detached(sid, "exec python3 ~/unread.py")
+    deadline = time.monotonic() + 60
+    while run(node, sid, "test -e /tmp/unread && echo yes || true")[0].strip() != "yes":
+        assert time.monotonic() < deadline, "the guest never sent its message"
+        time.sleep(0.05)
+    return run(node, sid, "pgrep -f '[u]nread.py'")[0].strip()
+
+
 @pytest.mark.parametrize("program", [UNREAD_PIDFD, UNACCEPTED_CONNECTION],
                          ids=["control-message", "unaccepted-connection"])
 def test_a_stop_that_meets_an_unread_control_message_lets_it_be_read_and_saves_memory(node, sandbox, program):
@@ -350,13 +362,7 @@ def test_a_stop_that_meets_an_unread_control_message_lets_it_be_read_and_saves_m
     connection to a listening socket, not accepted yet, that already wrote ("Non-empty write queue on an in-flight
     socket"; seen in CI right after a detached job started). The stop lets the sandbox run a moment and dumps
     again, so the memory is kept instead of lost."""
-    run(node, sandbox.id, f"cat > ~/unread.py <<'EOF'\n{program}\nEOF")
-    node.exec_detached(sandbox.id, "exec python3 ~/unread.py")
-    deadline = time.monotonic() + 60
-    while run(node, sandbox.id, "test -e /tmp/unread && echo yes || true")[0].strip() != "yes":
-        assert time.monotonic() < deadline, "the guest never sent its message"
-        time.sleep(0.05)
-    pid = run(node, sandbox.id, "pgrep -f '[u]nread.py'")[0].strip()
+    pid = _start_unread(node, sandbox.id, program)
     result = node.stop(sandbox.id)
     assert result.memory_saved is True, result.error
     assert node.resume(sandbox.id, sandbox).memory_restored is True
@@ -366,13 +372,7 @@ def test_a_stop_that_meets_an_unread_control_message_lets_it_be_read_and_saves_m
 def test_a_fork_with_memory_that_meets_an_unaccepted_connection_dumps_again(node, sandbox):
     """The same passing dump error in a fork with memory: the source runs a moment, its disk is copied and it is
     dumped again, and the fork has the source's process."""
-    run(node, sandbox.id, f"cat > ~/unread.py <<'EOF'\n{UNACCEPTED_CONNECTION}\nEOF")
-    node.exec_detached(sandbox.id, "exec python3 ~/unread.py")
-    deadline = time.monotonic() + 60
-    while run(node, sandbox.id, "test -e /tmp/unread && echo yes || true")[0].strip() != "yes":
-        assert time.monotonic() < deadline, "the guest never connected"
-        time.sleep(0.05)
-    pid = run(node, sandbox.id, "pgrep -f '[u]nread.py'")[0].strip()
+    pid = _start_unread(node, sandbox.id, UNACCEPTED_CONNECTION)
     fork = SandboxSpec(id=sandbox.id[:-1] + "f", hostname="node-fork", size=node.settings.size("small"))
     try:
         node.fork_memory(sandbox.id, fork)
