@@ -58,6 +58,7 @@ class NodeBase:
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
         self._image: Path | None = None
+        self._image_hold: int | None = None  # the descriptor of its shared lock (_use_image)
         self._hookd: hookd.HookServer | None = None
         self._watcher: watch.Watcher | None = None
         self._on_exit: Callable[[str, str, str | None], None] | None = None
@@ -101,7 +102,7 @@ class NodeBase:
         say("data volume")
         ensure_volume(self.settings)
         say("sandbox image")
-        self._image = ensure_image(self.settings, progress)
+        self._use_image(ensure_image(self.settings, progress))
         for d in (self.sandboxes_dir, self.snapshots_dir, self.run_dir / "bundles"):
             d.mkdir(parents=True, exist_ok=True)
         self.snapshots_dir.chmod(0o700)  # snapshots are sandbox disks: no sandbox's host uid may read them
@@ -197,8 +198,21 @@ class NodeBase:
         if self._image is None or not self._image.is_file():  # a newer sbx on this host may have replaced it
             from sbx.node.image import ensure_image
 
-            self._image = ensure_image(self.settings)
+            self._use_image(ensure_image(self.settings))
+        assert self._image is not None
         return self._image
+
+    def _use_image(self, path: Path) -> None:
+        """Make ``path`` the node's base image and hold it while the node runs (:func:`sbx.node.image.hold_image`:
+        another sbx on this host that builds its own image won't delete it), releasing the one held before."""
+        from sbx.node.image import hold_image
+
+        if self._image_hold is not None and path == self._image:
+            return
+        fd = hold_image(path)
+        if self._image_hold is not None:
+            os.close(self._image_hold)
+        self._image, self._image_hold = path, fd
 
     # ----------------------------------------------------------------- paths and records
 

@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 from sbx.config import Settings
@@ -31,7 +32,7 @@ from sbx.node.aptsources import NoMirror, mirror_lines
 from sbx.node.tools import run_checked
 from sbx.node.types import NodeError
 from sbx.storage import mounts
-from sbx.storage.locks import file_lock
+from sbx.storage.locks import file_lock, hold_shared
 
 Progress = Callable[[str], None]
 
@@ -40,6 +41,8 @@ SIZE_FACTOR = 1.5
 SIZE_ROUND = 64 * 1024 * 1024
 #: Floor for the image size in bytes, so a tiny rootfs still gets room for ext4's own metadata.
 MIN_SIZE = 256 * 1024 * 1024
+#: Suffix of the file a running node holds a shared lock on while it uses an image (:func:`hold_image`).
+IN_USE_SUFFIX = ".inuse"
 #: Filesystem label of every base image.
 FS_LABEL = str(recipe.FILESYSTEM["label"])
 
@@ -89,20 +92,32 @@ def prune_images(settings: Settings, keep: Path) -> list[Path]:
     """Delete the cached images of other recipes than ``keep`` (with their ``.json``); returns what was deleted.
 
     Safe for sandboxes made from them: a sandbox disk or snapshot is a reflink copy, whose blocks stay allocated
-    while any copy uses them. An image whose lock another process holds (a build in progress) is left alone."""
+    while any copy uses them. An image whose lock another process holds (a build in progress) is left alone, and
+    so is one a running node holds (:func:`hold_image`: another sbx version on this host, whose next cold boot or
+    template would otherwise build its image again and prune this one in turn)."""
     deleted: list[Path] = []
     for old in sorted(settings.images_dir.glob("*.ext4")):
         if old == keep:
             continue
-        lock = old.with_suffix(".lock")
-        with file_lock(lock, wait=False) as taken:
-            if not taken:
+        lock, in_use = old.with_suffix(".lock"), old.with_suffix(IN_USE_SUFFIX)
+        # no mark: no node has used it since it was made (a holder creates the file)
+        held = file_lock(in_use, wait=False) if in_use.exists() else nullcontext(True)
+        with file_lock(lock, wait=False) as taken, held as unused:
+            if not (taken and unused):
                 continue
             old.unlink(missing_ok=True)
             old.with_suffix(".json").unlink(missing_ok=True)
             lock.unlink(missing_ok=True)
+            in_use.unlink(missing_ok=True)
             deleted.append(old)
     return deleted
+
+
+def hold_image(image: Path) -> int:
+    """Mark the image ``image`` in use by this process for as long as it runs: a shared ``flock`` on
+    ``<image>.inuse`` (any number of nodes may hold one), which :func:`prune_images` will not delete. Returns the
+    descriptor; ``os.close`` releases the hold (the process's end does too)."""
+    return hold_shared(image.with_suffix(IN_USE_SUFFIX))
 
 
 def build_image(target: Path, progress: Progress | None = None) -> None:

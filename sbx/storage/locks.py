@@ -30,3 +30,17 @@ def file_lock(path: Path, wait: bool = True, shared: bool = False) -> Iterator[b
         yield True
     finally:
         os.close(fd)
+
+
+def hold_shared(path: Path) -> int:
+    """Take a shared ``flock`` on ``path`` (created, with its folder, when missing) and keep it: returns the open
+    descriptor, whose ``os.close`` (or the process's end) releases it. Blocks while another process holds an
+    exclusive one. For "in use" marks a process keeps for its whole life (:func:`sbx.node.image.hold_image`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

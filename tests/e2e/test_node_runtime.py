@@ -382,6 +382,20 @@ def test_a_fork_with_memory_that_meets_an_unaccepted_connection_dumps_again(node
         node.delete(fork.id)
 
 
+def test_a_running_node_holds_its_base_image(node):
+    """A build of another recipe on this host prunes only images no running node holds (sbx.node.image)."""
+    import fcntl
+
+    from sbx.node.image import IN_USE_SUFFIX
+
+    fd = os.open(node.image.with_suffix(IN_USE_SUFFIX), os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
+
 def test_a_deleted_sandbox_leaves_no_exec_channel_state(node):
     """A migration quiesces the source's exec channel and then deletes that copy: the id must not stay marked
     quiet, or the same sandbox moved back to this node would run every command through `runc exec`."""

@@ -141,3 +141,21 @@ def test_a_new_build_deletes_images_of_older_recipes_unless_locked(
     # an image already there is returned as is, and nothing is pruned
     (images / "older.ext4").write_bytes(b"image")
     assert image.ensure_image(settings) == target and (images / "older.ext4").exists()
+
+
+def test_prune_leaves_an_image_a_running_node_holds(tmp_path: Path) -> None:
+    """Another sbx on this host (an older recipe) holds its image while it runs: a build of a new recipe must not
+    delete it from under that node (it would build it again and delete this one in turn)."""
+    settings = Settings(home=tmp_path)
+    images = settings.images_dir
+    images.mkdir(parents=True)
+    for name in ("held", "free", "new"):
+        (images / f"{name}.ext4").write_bytes(b"image")
+    hold = image.hold_image(images / "held.ext4")
+    try:
+        assert image.prune_images(settings, keep=images / "new.ext4") == [images / "free.ext4"]
+        assert (images / "held.ext4").exists()
+    finally:
+        os.close(hold)
+    assert image.prune_images(settings, keep=images / "new.ext4") == [images / "held.ext4"]
+    assert sorted(p.name for p in images.iterdir()) == ["new.ext4"]
