@@ -39,6 +39,10 @@ from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.node")
 
+TEST_HOLD_IDENTITY_ENV = "SBX_TEST_HOLD_IDENTITY"
+"""Test-only: seconds the identity thread of a sandbox restored from a template (:meth:`MemoryCopyMixin.
+_restart_identity`) waits before it runs, with ``<sandbox dir>/identity-hold`` present meanwhile, so a fault test
+can kill the node process before the sandbox has its SSH host keys. Unset (the default) in production."""
 RESTART_IDENTITY = ("systemctl", "--no-block", "restart", "sbx-identity.service", "ssh.service")
 """New SSH host keys (``sbx-identity``) and sshd restarted with them, queued without waiting for either."""
 
@@ -127,6 +131,9 @@ class MemoryCopyMixin(NodeBase):
         if clear_tmp:
             self._run_root(sid, ["/bin/sh", "-c", clear], timeout=60)
         if identity:
+            rec = self._record(sid)
+            rec["identityPending"] = True  # until the thread has run: a node restarted before it runs it then
+            self._save(sid, rec)
             threading.Thread(target=self._restart_identity, args=(sid,), name=f"identity-{sid}",
                              daemon=True).start()
 
@@ -134,15 +141,26 @@ class MemoryCopyMixin(NodeBase):
         """The identity restarts of :meth:`_after_restore` for a sandbox restored from a template, under its lock:
         they run once the operation that restored it has returned (it holds the lock), and a stop or migration that
         comes next waits for them (~25 ms) instead of cutting the exec channel under systemctl. Nothing when the
-        sandbox no longer runs by then; a failure is logged (the sandbox then has no sshd until its next boot: a
-        template holds none, so it never serves another sandbox's key)."""
+        sandbox no longer runs by then. The record's ``identityPending`` stays set until they ran: a node process
+        killed before that runs them when it reconciles (:meth:`_finish_identity`); a failure is logged (the
+        sandbox then has no sshd until its next boot or reconcile: a template holds none, so it never serves
+        another sandbox's key)."""
+        recovery.test_hold(TEST_HOLD_IDENTITY_ENV, self._dir(sid) / "identity-hold")
         with self._lock(sid):
-            if not self._is_running(sid):
-                return
-            try:
-                self._run_root(sid, list(RESTART_IDENTITY), timeout=60)
-            except RuntimeError_ as e:
-                log.warning("%s: restarting sbx-identity and ssh after its restore failed: %s", sid, e.detail)
+            if self._is_running(sid):
+                self._finish_identity(sid)
+
+    def _finish_identity(self, sid: str) -> None:
+        """Restart ``sbx-identity`` and ``ssh`` in the running sandbox ``sid`` (lock held) and clear the record's
+        ``identityPending``; a failure is logged and leaves it set."""
+        try:
+            self._run_root(sid, list(RESTART_IDENTITY), timeout=60)
+        except RuntimeError_ as e:
+            log.warning("%s: restarting sbx-identity and ssh after its restore failed: %s", sid, e.detail)
+            return
+        rec = self._record(sid)
+        if rec.pop("identityPending", None):
+            self._save(sid, rec)
 
     def fork_memory(self, source_id: str, spec: SandboxSpec) -> None:
         """Fork the running sandbox ``source_id`` with its memory: :meth:`_copy_running` (the source pauses for a

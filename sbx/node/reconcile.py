@@ -38,7 +38,8 @@ class ReconcileMixin(NodeBase):
           node was moving away is thawed and runs on here, or, when the handover had begun, settled by asking
           the destination (:mod:`sbx.node.migration`);
         - a known sandbox whose container still runs (and no stop was interrupted) stays running: it survived the
-          server restart;
+          server restart; one restored from a template whose new SSH host keys and sshd were still to come
+          (``identityPending``) gets them now;
         - otherwise any half-made container is removed, the disk unmounted, and the sandbox is ``checkpointed``
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
@@ -97,6 +98,8 @@ class ReconcileMixin(NodeBase):
                 elif running:
                     self._discard_memory(sid)  # whatever image is left, the disk has moved on since
                     self._set_phase(sid, "running")
+                    if rec.get("identityPending"):  # restored from a template; its identity thread never ran
+                        self._finish_identity(sid)
                     result[sid] = "running"
                     continue
                 self._cleanup_container(sid)

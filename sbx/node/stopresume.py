@@ -116,11 +116,14 @@ class StopResumeMixin(NodeBase):
             st.done()
             return StopResult(saved, error)
 
-    def _begin_start(self, sid: str) -> None:
+    def _begin_start(self, sid: str, boot: bool = False) -> None:
         """Mark that the disk moves on from its sealed state (a resume starts): bump ``diskGen``, so the memory
-        image no longer matches and can never be restored again once this start has begun."""
+        image no longer matches and can never be restored again once this start has begun. ``boot``: a cold boot,
+        which runs ``sbx-identity`` and ``ssh`` itself (no ``identityPending`` left to finish)."""
         rec = self._record(sid)
         rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
+        if boot:
+            rec.pop("identityPending", None)  # a cold boot starts sbx-identity and ssh itself
         self._save(sid, rec)
 
     def _halt(self, sid: str, grace: float = 10.0) -> None:
@@ -175,7 +178,7 @@ class StopResumeMixin(NodeBase):
                         log.warning("restore of %s failed, cold booting: %s", id, e.message)
             if require_memory:  # nothing was restored: refuse rather than boot from disk
                 raise NodeError("no_checkpoint", f"memory can't be restored ({reason}); the sandbox stays stopped")
-            self._begin_start(id)
+            self._begin_start(id, boot=True)
             if resized or cold:
                 try:
                     disks.grow(self._disk(id), spec.size.disk_mib)
@@ -230,6 +233,8 @@ class StopResumeMixin(NodeBase):
         st.mark("discard")
         self._set_phase(sid, "running", size=size.name)
         st.mark("phase2")
+        if not fresh and rec.get("identityPending"):  # stopped from a template before its new SSH keys and sshd
+            self._after_restore(sid, clear_tmp=False, holds_sshd=False)
         if fresh:
             self._identity_written(sid)
             try:  # new SSH host keys, sshd restarted with them (as after a fork with memory)

@@ -153,6 +153,26 @@ def test_fork_with_memory_of_a_stopped_sandbox_is_refused(fs):
     assert r.returncode != 0 and re.search(r"invalid_state|not_running", r.stdout + r.stderr)
 
 
+def test_a_server_killed_before_a_template_sandbox_got_its_ssh_keys_gives_them_at_restart(fs):
+    """A sandbox from a template gets its SSH host keys and sshd from a thread once ``sbx new`` has answered; a
+    server killed before that thread ran finishes it when it starts again (the record's ``identityPending``)."""
+    _ready_template(fs)
+    fs.kill9()
+    fs.start(SBX_TEST_HOLD_IDENTITY="120")
+    sid = new_small(fs)
+    assert fs.node_record(sid)["startedFrom"] == "template"
+    poll(lambda: (fs.sandbox_dir(sid) / "identity-hold").exists(), "the identity thread to hold", 60, 0.1)
+    assert fs.node_record(sid)["identityPending"] is True
+    keys = "ls /etc/ssh/ssh_host_*_key 2>/dev/null | wc -l; systemctl is-active ssh || true"
+    assert sh(fs, sid, keys).split() == ["0", "inactive"]  # a template has neither
+    fs.kill9()
+    fs.start(SBX_TEST_HOLD_IDENTITY="")
+    poll(lambda: sh(fs, sid, keys).split()[1] == "active", "sshd after the restart", 60)
+    assert int(sh(fs, sid, keys).split()[0]) >= 3
+    assert "identityPending" not in fs.node_record(sid)
+    fs.srv.sbx("delete", sid, "--wait", check=True)
+
+
 def test_server_killed_mid_template_build_leaves_nothing_half_made(tmp_path):
     f = FaultServer(tmp_path, prefix="SBX_TPLK", node="tplk", bridge="sbxtplk0", subnet="10.98.0.0/16")
     try:
