@@ -9,7 +9,7 @@ random data. Per size, median / min / max of ``repeats`` runs (milliseconds) of:
 - ``reflink``: :func:`sbx.storage.reflink.clone` of the unmounted disk (FICLONE alone);
 - ``clone_disk``: :func:`sbx.storage.disk.clone_disk` of the unmounted disk (reflink + new filesystem UUID);
 - ``fork_mounted``: ``clone_disk`` of the mounted disk (fsfreeze + reflink + thaw + new UUID);
-- ``seal_1mib``: :func:`sbx.storage.disk.seal` of the mounted disk right after 1 MiB was written and fsynced.
+- ``seal_1mib``: :func:`sbx.storage.seals_mod.seal` of the mounted disk right after 1 MiB was written and fsynced.
 
 Run: ``python -m bench.storage [--home DIR] [--sizes 1,20] [--repeats 5] [--fill-fraction 0.25] [--json]``
 (root; works in ``<volume>/nodes/<node>/sbx-bench-storage`` and removes it afterwards).
@@ -31,6 +31,7 @@ from typing import Any
 
 from sbx.config import Settings, load_settings
 from sbx.storage import disk, reflink, volume
+from sbx.storage import seals as seals_mod
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -118,12 +119,12 @@ def _bench_size(work: Path, mnt: Path, size_gib: int, repeats: int, fill_fractio
                 f.write(os.urandom(MiB))
                 f.flush()
                 os.fsync(f.fileno())
-            ms.append(_timed(lambda: disk.seal(img, seals, mountpoint=mnt)))
+            ms.append(_timed(lambda: seals_mod.seal(img, seals, mountpoint=mnt)))
         rows.append(_stats("seal_1mib", size_gib, fill_mib, ms))
     finally:
         disk.umount(mnt)
-    for s in disk.list_seals(seals):
-        disk.delete_seal(seals, s.seq)
+    for s in seals_mod.list_seals(seals):
+        seals_mod.delete_seal(seals, s.seq)
     img.unlink()
     return rows
 

@@ -28,8 +28,7 @@ from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
 from sbx.runtime.pageserver import PageReceiver
 from sbx.runtime.runc import RuncRuntime, remove_tree
-from sbx.storage import disk as disks
-from sbx.storage import mounts
+from sbx.storage import mounts, seals
 from sbx.storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -374,9 +373,9 @@ class NodeBase:
     def _seal(self, sid: str) -> None:
         seal_dir = self._dir(sid) / "seals"
         try:
-            disks.seal(self._disk(sid), seal_dir)
-            for old in disks.list_seals(seal_dir)[:-SEALS_KEPT]:
-                disks.delete_seal(seal_dir, old.seq)
+            seals.seal(self._disk(sid), seal_dir)
+            for old in seals.list_seals(seal_dir)[:-SEALS_KEPT]:
+                seals.delete_seal(seal_dir, old.seq)
         except StorageError as e:
             log.warning("sealing the disk of %s failed: %s", sid, e)
 

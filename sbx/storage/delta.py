@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sbx.storage import fiemap
-from sbx.storage.disk import Seal
 from sbx.storage.errors import StorageError
 from sbx.storage.reflink import clone
+from sbx.storage.seals import Seal
 
 MAGIC = b"SBXDELTA"
 VERSION = 1

@@ -11,6 +11,7 @@ from storage_helpers import HOME, MiB, sha256, write_random
 
 from sbx.config import Settings
 from sbx.storage import delta, disk, reflink, space, volume
+from sbx.storage import seals as seals_mod
 from sbx.storage.errors import StorageError
 
 
@@ -36,13 +37,13 @@ def test_delta_round_trip_between_volumes(
     write_random(m / "big.bin", 48 * MiB)
     write_random(m / "doomed.bin", 8 * MiB)
     disk.umount(m)
-    s1 = disk.seal(d, seals)
+    s1 = seals_mod.seal(d, seals)
     disk.mount(d, m)
     write_random(m / "new.bin", 2 * MiB)
     write_random(m / "big.bin", MiB, offset=10 * MiB)  # overwrite 1 MiB in place
     (m / "doomed.bin").unlink()
     disk.umount(m)
-    s2 = disk.seal(d, seals)
+    s2 = seals_mod.seal(d, seals)
 
     full = delta.export_delta(s1, None, work / "1.full.delta")
     inc = delta.export_delta(s2, s1, work / "2.delta")

@@ -12,6 +12,7 @@ import pytest
 from storage_helpers import MiB, sha256, write_random
 
 from sbx.storage import disk, mounts, space
+from sbx.storage import seals as seals_mod
 from sbx.storage.errors import StorageError
 
 
@@ -185,12 +186,12 @@ def test_seal_chain_and_manifest(work: Path, base_image: Path, mnt: Callable[[st
     m = mnt("seal")
     disk.mount(d, m)
     (m / "gen").write_text("1")
-    s1 = disk.seal(d, seals_dir)  # mounted: frozen for the copy
+    s1 = seals_mod.seal(d, seals_dir)  # mounted: frozen for the copy
     (m / "gen").write_text("2")
-    s2 = disk.seal(d, seals_dir)
+    s2 = seals_mod.seal(d, seals_dir)
     disk.umount(m)
     write_random(d, 4096, offset=200 * MiB)  # change a block of the unmounted image directly
-    s3 = disk.seal(d, seals_dir)
+    s3 = seals_mod.seal(d, seals_dir)
 
     assert [s.seq for s in (s1, s2, s3)] == [1, 2, 3]
     assert [s.parent for s in (s1, s2, s3)] == [None, 1, 2]
@@ -207,13 +208,13 @@ def test_seal_chain_and_manifest(work: Path, base_image: Path, mnt: Callable[[st
     assert out.stdout == "1"
     out = subprocess.run(["debugfs", "-R", "cat /gen", str(s2.path)], capture_output=True, text=True)
     assert out.stdout == "2"
-    assert [s.seq for s in disk.list_seals(seals_dir)] == [1, 2, 3]
+    assert [s.seq for s in seals_mod.list_seals(seals_dir)] == [1, 2, 3]
 
-    disk.delete_seal(seals_dir, 2)
-    assert [(s.seq, s.parent) for s in disk.list_seals(seals_dir)] == [(1, None), (3, 1)]
-    assert disk.seal(d, seals_dir).seq == 4  # numbers are never reused
+    seals_mod.delete_seal(seals_dir, 2)
+    assert [(s.seq, s.parent) for s in seals_mod.list_seals(seals_dir)] == [(1, None), (3, 1)]
+    assert seals_mod.seal(d, seals_dir).seq == 4  # numbers are never reused
     with pytest.raises(StorageError) as e:
-        disk.get_seal(seals_dir, 2)
+        seals_mod.get_seal(seals_dir, 2)
     assert e.value.code == "not_found"
 
 
@@ -222,6 +223,6 @@ def test_seal_ignores_an_image_without_manifest(work: Path, base_image: Path) ->
     seals_dir = work / "seals"
     seals_dir.mkdir()
     (seals_dir / "1.ext4").write_bytes(b"half-made")  # as a crash between image and manifest leaves it
-    assert disk.list_seals(seals_dir) == []
-    s = disk.seal(d, seals_dir)
+    assert seals_mod.list_seals(seals_dir) == []
+    s = seals_mod.seal(d, seals_dir)
     assert s.seq == 2 and s.parent is None
