@@ -22,6 +22,7 @@ import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from sbx.control import filescripts as S
 from sbx.control.errors import ControlError
 from sbx.node.types import NodeError
 
@@ -32,122 +33,8 @@ log = logging.getLogger("sbx.control")
 
 CHUNK = 1 << 20
 USERS = ("user", "root")
-
-# Exit codes of the in-sandbox scripts: each names one error.
-_ERRORS = {
-    40: ("invalid_path", 400, "{path}: bad path"),
-    41: ("is_a_directory", 400, "{path} is a directory"),
-    42: ("not_a_directory", 400, "{path} is not a directory"),
-    43: ("permission_denied", 403, "{path}: permission denied"),
-    44: ("not_found", 404, "{path} not found"),
-    45: ("protected_path", 403, "{path}: refusing to remove /, a home directory or a mount point (or a folder "
-         "holding one)"),
-}
 NAME_MAX_BYTES = 255
 """Longest file name (one path component), in bytes, as ext4 allows."""
-
-# "$1" is the path. `~` expansion happens in :func:`_norm`, never in a shell.
-_READ = r'''p="$1"
-[ -e "$p" ] || exit 44
-[ -d "$p" ] && exit 41
-[ -r "$p" ] || exit 43
-exec cat -- "$p"'''
-
-# An upload goes to a temporary file next to the target, named on stdout as "<temp>\0<target>\0" (a symlink is
-# written through, as `cat >` would); :data:`_COMMIT` renames it over the target once the whole body has arrived,
-# so an upload cut short leaves the old file as it was. An existing file in a folder the user can't write to is
-# written in place (the temp name is then empty).
-_MKPARENT = r'''
-if [ ! -d "$d" ]; then
-  a="$d"; while [ ! -e "$a" ] && [ ! -L "$a" ]; do a=$(dirname -- "$a"); done
-  [ -d "$a" ] || exit 42
-  [ -w "$a" ] && [ -x "$a" ] || exit 43
-  mkdir -p -- "$d" 2>/dev/null || exit 43
-fi'''
-
-# Every check runs before anything is made: an error answer means nothing changed.
-_WRITE = r'''p="$1"
-if [ -L "$p" ]; then p=$(readlink -f -- "$p") || exit 44; fi
-d=$(dirname -- "$p")
-[ -d "$p" ] && exit 41
-[ -e "$p" ] && { [ -w "$p" ] || exit 43; }''' + _MKPARENT + r'''
-if [ ! -w "$d" ]; then
-  [ -e "$p" ] || exit 43
-  printf '\0%s\0' "$p"
-  exec cat > "$p"
-fi
-t=$(mktemp -- "$d/.sbx-upload.XXXXXX" 2>/dev/null) || exit 43
-printf '%s\0%s\0' "$t" "$p"
-exec cat > "$t"'''
-
-# "$1" the finished temp file, "$2" the target: keep an existing target's mode (and owner, as root), else the
-# mode a new file gets from the umask; then rename over the target.
-_COMMIT = r'''t="$1"; p="$2"
-if [ -e "$p" ]; then
-  chmod --reference="$p" -- "$t" 2>/dev/null
-  [ "$(id -u)" = 0 ] && chown --reference="$p" -- "$t" 2>/dev/null
-else
-  chmod "$(printf '%o' $(( 0666 & ~$(umask) )))" -- "$t"
-fi
-mv -f -- "$t" "$p" 2>/dev/null && exit 0
-rm -f -- "$t"
-exit 43'''
-
-_DISCARD = r'''rm -f -- "$1"'''
-
-_ISDIR = r'''p="$1"
-[ -e "$p" ] || exit 44
-[ -d "$p" ] || exit 42
-[ -x "$p" ] || exit 43'''
-
-_TAR_OUT = r'''p="$1"
-[ -e "$p" ] || exit 44
-[ -d "$p" ] || exit 42
-[ -r "$p" ] && [ -x "$p" ] || exit 43
-exec tar -C "$p" -cf - .'''
-
-_TAR_IN = r'''p="$1"; d="$p"
-[ -e "$p" ] && [ ! -d "$p" ] && exit 42
-[ -d "$p" ] && { [ -w "$p" ] && [ -x "$p" ] || exit 43; }''' + _MKPARENT + r'''
-exec tar -C "$p" -xf - --no-same-owner'''
-
-# One record per entry: "type size mode mtime" NUL name NUL (names may hold any byte but NUL and '/').
-_FIND_FMT = r"%y %s %m %T@\0%f\0"
-_LIST = r'''p="$1"
-[ -e "$p" ] || exit 44
-[ -d "$p" ] || exit 42
-[ -r "$p" ] && [ -x "$p" ] || exit 43
-exec find -H "$p" -mindepth 1 -maxdepth 1 -printf "$2"'''
-
-_STAT = r'''p="$1"
-[ -e "$p" ] || [ -L "$p" ] || exit 44
-exec find -H "$p" -maxdepth 0 -printf "$2"'''
-
-# Refused before anything is removed: /, /home, a home directory, a mount point or a folder holding one (45), and
-# anything rm could only remove in part (43): the parent must be writable (and, if sticky, ours), every folder
-# inside readable, writable and searchable. The path is resolved (a symlink itself is removed, not its target).
-_REMOVE = r'''p="$1"
-[ -e "$p" ] || [ -L "$p" ] || exit 44
-pd=$(readlink -f -- "$(dirname -- "$p")") || exit 44
-if [ -L "$p" ]; then r="${pd%/}/$(basename -- "$p")"
-else r=$(readlink -f -- "$p") || exit 44; pd=$(dirname -- "$r"); fi
-case "$r" in /|/home|/home/user|/root) exit 45;; esac
-if [ ! -L "$p" ]; then
-  awk -v r="$r" '{ m = $5; gsub(/\\040/, " ", m); if (m == r || index(m, r "/") == 1) { f = 1; exit } }
-                 END { exit !f }' /proc/self/mountinfo && exit 45
-fi
-[ -w "$pd" ] && [ -x "$pd" ] || exit 43
-u=$(id -u)
-if [ "$u" != 0 ] && [ -k "$pd" ] && [ "$(stat -c %u -- "$pd")" != "$u" ] && [ "$(stat -c %u -- "$r")" != "$u" ]; then
-  exit 43
-fi
-if [ -d "$p" ] && [ ! -L "$p" ]; then
-  bad=$(find "$p" -type d \( ! -readable -o ! -writable -o ! -executable \) -print -quit 2>&1) || exit 43
-  [ -z "$bad" ] || exit 43
-fi
-rm -rf -- "$p" 2>/dev/null
-[ -e "$p" ] || [ -L "$p" ] || exit 0
-exit 43'''
 
 _TYPES = {"f": "file", "d": "directory", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
 
@@ -257,7 +144,7 @@ class FileWriter:
         try:
             self._files._check(self.proc, self.path, archive=self.archive)
             if self.temp:
-                self._files._run(self.sandbox_id, _COMMIT, [_arg(self.temp), _arg(self.target)], self.user,
+                self._files._run(self.sandbox_id, S.COMMIT, [_arg(self.temp), _arg(self.target)], self.user,
                                  self.path)
         finally:
             self._files._end(self.sandbox_id)
@@ -269,7 +156,7 @@ class FileWriter:
         self._files._kill(self.proc)
         try:
             if self.temp:
-                self._files._run(self.sandbox_id, _DISCARD, [_arg(self.temp)], self.user, self.path)
+                self._files._run(self.sandbox_id, S.DISCARD, [_arg(self.temp)], self.user, self.path)
         except ControlError as e:
             log.warning("could not remove %r in %s: %s", self.temp, self.sandbox_id, e.message)
         finally:
@@ -320,8 +207,8 @@ class Files:
 
     @staticmethod
     def _raise(code: int, path: str, stderr: bytes, archive: bool = False) -> None:
-        if code in _ERRORS:
-            name, status, msg = _ERRORS[code]
+        if code in S.ERRORS:
+            name, status, msg = S.ERRORS[code]
             raise ControlError(name, msg.format(path=path), status, field="path")
         text = stderr.decode("utf-8", "replace").strip()[-500:]
         if "Permission denied" in text:
@@ -386,18 +273,18 @@ class Files:
         ``is_a_directory``, 403, 409). An error after the first chunk ends the iterator with :class:`ControlError`
         (the caller's stream is cut short)."""
         p = _norm(path, user)
-        return self._stream(sandbox_id, _READ, [p], user, path)
+        return self._stream(sandbox_id, S.READ, [p], user, path)
 
     def open_tar(self, sandbox_id: str, path: str, user: str = "user") -> Iterator[bytes]:
         """A tar stream (POSIX tar, members relative to ``path``: ``./a``, ``./dir/b``) of directory ``path``."""
         p = _norm(path, user)
-        return self._stream(sandbox_id, _TAR_OUT, [p], user, path)
+        return self._stream(sandbox_id, S.TAR_OUT, [p], user, path)
 
     def open_write(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
         """Start writing file ``path`` (parent folders made, owned by ``user``). The target is replaced only when
         :meth:`FileWriter.finish` is called: an upload cut short leaves it as it was."""
         p = _norm(path, user)
-        proc = self._spawn(sandbox_id, _WRITE, [p], user, stdin=True)
+        proc = self._spawn(sandbox_id, S.WRITE, [p], user, stdin=True)
         try:
             names = _read_names(proc, 2)
         except BaseException:
@@ -410,7 +297,7 @@ class Files:
     def open_untar(self, sandbox_id: str, path: str, user: str = "user") -> FileWriter:
         """Start extracting a tar stream into directory ``path`` (made if missing; members owned by ``user``)."""
         p = _norm(path, user)
-        writer = FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, _TAR_IN, [p], user, stdin=True))
+        writer = FileWriter(self, sandbox_id, path, self._spawn(sandbox_id, S.TAR_IN, [p], user, stdin=True))
         writer.archive = True
         return writer
 
@@ -418,13 +305,13 @@ class Files:
         """Entries of directory ``path``, sorted by name: ``{"name","path","type","size","mode","mtime"}`` (type
         ``file``/``directory``/``symlink``/...; size in bytes; mode the permission bits; mtime Unix seconds)."""
         p = _norm(path, user)
-        raw = self._run(sandbox_id, _LIST, [p, _FIND_FMT], user, path)
+        raw = self._run(sandbox_id, S.LIST, [p, S.FIND_FMT], user, path)
         return sorted(_parse_entries(raw, p), key=lambda e: e["name"])
 
     def stat(self, sandbox_id: str, path: str, user: str = "user") -> dict[str, Any]:
         """One entry (as in :meth:`list`) for ``path``; a symlink given as ``path`` is followed when it resolves."""
         p = _norm(path, user)
-        raw = self._run(sandbox_id, _STAT, [p, _FIND_FMT], user, path)
+        raw = self._run(sandbox_id, S.STAT, [p, S.FIND_FMT], user, path)
         entries = _parse_entries(raw, None)
         if not entries:
             raise ControlError("not_found", f"{path} not found", 404)
@@ -438,7 +325,7 @@ class Files:
         sandbox; else 400 ``invalid_<field>`` naming ``field``. Used for an exec's or a job's ``cwd``."""
         p = norm_path(path, user, field)
         try:
-            self._run(sandbox_id, _ISDIR, [p], user, path)
+            self._run(sandbox_id, S.ISDIR, [p], user, path)
         except ControlError as e:
             if e.status >= 500 or e.code in ("not_running", "busy"):
                 raise
@@ -452,4 +339,4 @@ class Files:
         ``protected_path`` for ``/``, ``/home``, a home directory, a mount point or a folder holding one, 403
         ``permission_denied`` when anything in it could not be removed; either way before removing anything."""
         p = _norm(path, user)
-        self._run(sandbox_id, _REMOVE, [p], user, path)
+        self._run(sandbox_id, S.REMOVE, [p], user, path)
