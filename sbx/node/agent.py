@@ -42,6 +42,7 @@ The agent is split by mechanism; :class:`LocalNode` combines the parts:
 
 from __future__ import annotations
 
+from sbx.node.egressnode import EgressMixin
 from sbx.node.execjobs import ExecMixin
 from sbx.node.lifecycle import LifecycleMixin
 from sbx.node.memcopy import MemoryCopyMixin
@@ -69,6 +70,7 @@ class LocalNode(
     ReconcileMixin,
     MigrationMixin,
     ReplicaMixin,
+    EgressMixin,
 ):
     """Sandboxes on this host (runc + CRIU + reflink disks). Thread-safe: each sandbox has its own lock, and
     operations on different sandboxes run in parallel."""
