@@ -45,6 +45,10 @@ _restart_identity`) waits before it runs, with ``<sandbox dir>/identity-hold`` p
 can kill the node process before the sandbox has its SSH host keys. Unset (the default) in production."""
 RESTART_IDENTITY = ("systemctl", "--no-block", "restart", "sbx-identity.service", "ssh.service")
 """New SSH host keys (``sbx-identity``) and sshd restarted with them, queued without waiting for either."""
+IDENTITY_SETTLED = ("systemctl", "start", "sbx-identity.service", "ssh.service")
+"""Wait until the restarts of :data:`RESTART_IDENTITY` ended: a start job merges into a unit's queued or running
+restart job and ``systemctl`` waits for it; with none left it returns at once (both units active). No polling
+process runs in the sandbox meanwhile."""
 
 
 def copy_image(src: Path, dst: Path, gid: int) -> None:
@@ -120,41 +124,45 @@ class MemoryCopyMixin(NodeBase):
         nor a crash right after it leaves a running sandbox whose sshd serves another sandbox's key. A template
         holds no host keys and no running sshd (:mod:`sbx.node.templates`): with ``holds_sshd`` false the restart is
         asked for by a thread of its own (:meth:`_restart_identity`) and the answer does not wait for systemctl
-        (~25 ms here). Commands go through the sandbox's exec agent (restored with its memory, listening at once:
-        ~5 ms) or, when it does not answer, ``runc exec`` (~35 ms here). Raises ``RuntimeError_``."""
+        (~25 ms here). Either way that thread then waits, under the sandbox's lock, until the restarts ended.
+        Commands go through the sandbox's exec agent (restored with its memory, listening at once: ~5 ms) or, when
+        it does not answer, ``runc exec`` (~35 ms here). Raises ``RuntimeError_``."""
         clear = (r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' ! -name '.*-unix' "
                  r"-exec rm -rf {} +")
         if identity and holds_sshd:
             script = f"{clear}; {' '.join(RESTART_IDENTITY)}" if clear_tmp else " ".join(RESTART_IDENTITY)
             self._run_root(sid, ["/bin/sh", "-c", script], timeout=60)
-            return
-        if clear_tmp:
+        elif clear_tmp:
             self._run_root(sid, ["/bin/sh", "-c", clear], timeout=60)
         if identity:
             rec = self._record(sid)
             rec["identityPending"] = True  # until the thread has run: a node restarted before it runs it then
             self._save(sid, rec)
-            threading.Thread(target=self._restart_identity, args=(sid,), name=f"identity-{sid}",
+            threading.Thread(target=self._restart_identity, args=(sid, holds_sshd), name=f"identity-{sid}",
                              daemon=True).start()
 
-    def _restart_identity(self, sid: str) -> None:
-        """The identity restarts of :meth:`_after_restore` for a sandbox restored from a template, under its lock:
-        they run once the operation that restored it has returned (it holds the lock), and a stop or migration that
-        comes next waits for them (~25 ms) instead of cutting the exec channel under systemctl. Nothing when the
-        sandbox no longer runs by then. The record's ``identityPending`` stays set until they ran: a node process
-        killed before that runs them when it reconciles (:meth:`_finish_identity`); a failure is logged (the
-        sandbox then has no sshd until its next boot or reconcile: a template holds none, so it never serves
-        another sandbox's key)."""
+    def _restart_identity(self, sid: str, queued: bool = False) -> None:
+        """The rest of :meth:`_after_restore`'s identity work, under the sandbox's lock, so it runs once the
+        operation that restored it has returned (it holds the lock): the restarts of ``sbx-identity`` and ``ssh``
+        (a sandbox from a template), or, when they were ``queued`` already (a fork), the wait for them to end.
+        A fork, stop or migration that comes next waits for the lock, so none dumps the sandbox while
+        ``ssh-keygen`` runs (a fork's copy would carry the job half done and its random state). Nothing when the
+        sandbox no longer runs by then. The record's ``identityPending`` stays set until they ended: a node process
+        killed before that finishes them when it reconciles (:meth:`_finish_identity`); a failure is logged (the
+        sandbox then has no sshd until its next boot or reconcile)."""
         recovery.test_hold(TEST_HOLD_IDENTITY_ENV, self._dir(sid) / "identity-hold")
         with self._lock(sid):
             if self._is_running(sid):
-                self._finish_identity(sid)
+                self._finish_identity(sid, queued)
 
-    def _finish_identity(self, sid: str) -> None:
-        """Restart ``sbx-identity`` and ``ssh`` in the running sandbox ``sid`` (lock held) and clear the record's
-        ``identityPending``; a failure is logged and leaves it set."""
+    def _finish_identity(self, sid: str, queued: bool = False) -> None:
+        """Restart ``sbx-identity`` and ``ssh`` in the running sandbox ``sid`` (lock held) and wait for both to
+        end (``queued``: they were asked for already; only the wait, :data:`IDENTITY_SETTLED`), then clear the
+        record's ``identityPending``; a failure is logged and leaves it set."""
         try:
-            self._run_root(sid, list(RESTART_IDENTITY), timeout=60)
+            if not queued:
+                self._run_root(sid, list(RESTART_IDENTITY), timeout=60)
+            self._run_root(sid, list(IDENTITY_SETTLED), timeout=70)
         except RuntimeError_ as e:
             log.warning("%s: restarting sbx-identity and ssh after its restore failed: %s", sid, e.detail)
             return

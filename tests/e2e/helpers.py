@@ -41,9 +41,14 @@ def sh(fs: Any, sid: str, cmd: str) -> str:
 def identity(fs: Any, sid: str) -> dict[str, str]:
     """The sandbox's :data:`IDENTITY` as ``{hostname, etc_hostname, machine_id, ip, mac, ssh_key}``, read once its
     sshd runs with its own host keys (sbx-identity makes them a moment after the sandbox answers)."""
-    poll(lambda: fs.srv is not None and fs.srv.sbx("exec", sid, "systemctl -q is-active ssh.service && "
-                                                   "test -s /etc/ssh/ssh_host_ed25519_key.pub").returncode == 0,
-         f"{sid}'s sshd with its own host keys", timeout=60)
+    try:
+        poll(lambda: fs.srv is not None and fs.srv.sbx("exec", sid, "systemctl -q is-active ssh.service && "
+                                                       "test -s /etc/ssh/ssh_host_ed25519_key.pub").returncode == 0,
+             f"{sid}'s sshd with its own host keys", timeout=60)
+    except AssertionError as e:  # say what the units did, for a failure seen only in CI
+        why = fs.srv.sbx("exec", sid, "systemctl status --no-pager -n 20 sbx-identity.service ssh.service; "
+                                      "ls -l /etc/ssh; systemctl is-system-running") if fs.srv else None
+        raise AssertionError(f"{e}\n{why.stdout if why else ''}{why.stderr if why else ''}") from None
     lines = sh(fs, sid, IDENTITY).split("\n")
     keys = ("hostname", "etc_hostname", "machine_id", "ip", "mac", "ssh_key")
     return dict(zip(keys, lines[:6], strict=True))

@@ -137,6 +137,19 @@ def test_fork_with_memory_keeps_the_process_and_gets_a_new_identity(fs):
     assert "python3" in sh(fs, src, f"cat /proc/{pid}/cmdline | tr '\\0' ' '")  # the source kept its PID
 
 
+def test_a_fork_made_right_after_a_create_gets_ssh_keys_of_its_own(fs):
+    """A sandbox from a template makes its SSH host keys after ``sbx new`` answered; a fork with memory asked for
+    at once waits for them instead of copying ``ssh-keygen`` half done (CI once saw the fork's sshd never start)."""
+    assert fs.srv is not None
+    src = new_small(fs)
+    fork = json.loads(fs.srv.sbx("fork", src, "--memory", "--wait", "--json", check=True).stdout.splitlines()[-1])
+    fork_id = fork.get("id") or fork["sandbox"]["id"]
+    ida, ids = identity(fs, fork_id), identity(fs, src)
+    assert ida["ssh_key"] != ids["ssh_key"] and ida["hostname"] != ids["hostname"]
+    for sid in (fork_id, src):
+        fs.srv.sbx("delete", sid, "--wait", check=True)
+
+
 def test_plain_fork_keeps_memory_restored_null(fs):
     assert fs.srv is not None
     src = new_small(fs)

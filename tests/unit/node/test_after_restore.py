@@ -48,6 +48,13 @@ def test_a_fork_queues_the_identity_restart_before_it_answers() -> None:
     with node.lock:  # the operation's lock, held by the fork while it restores
         node._after_restore("sb_fork000001", clear_tmp=False)
         assert _restart_queued(node.ran)  # not left to a thread that waits for the lock
+        assert node.records["sb_fork000001"]["identityPending"] is True
+    # then a thread waits, under the lock, for the restarts to end (no fork or stop dumps it half done)
+    deadline = time.monotonic() + 5
+    while "identityPending" in node.records["sb_fork000001"]:
+        assert time.monotonic() < deadline, (node.ran, node.records)
+        time.sleep(0.01)
+    assert node.ran[-1][1] == ["systemctl", "start", "sbx-identity.service", "ssh.service"]
 
 
 def test_a_template_restore_leaves_the_restart_to_a_thread_after_the_answer() -> None:
