@@ -11,6 +11,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _open(path: Path) -> int:
+    """The lock file ``path``, created (with its folder) when missing, opened for ``flock``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
 @contextmanager
 def file_lock(path: Path, wait: bool = True, shared: bool = False) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing) for the ``with`` block and
@@ -18,8 +24,7 @@ def file_lock(path: Path, wait: bool = True, shared: bool = False) -> Iterator[b
     blocks until the lock is free; without, it yields False at once when another process holds it (the block then
     runs without the lock). The kernel drops the lock if the process dies, so a
     crash never leaves it held."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open(path)
     try:
         try:
             mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
@@ -36,8 +41,7 @@ def hold_shared(path: Path) -> int:
     """Take a shared ``flock`` on ``path`` (created, with its folder, when missing) and keep it: returns the open
     descriptor, whose ``os.close`` (or the process's end) releases it. Blocks while another process holds an
     exclusive one. For "in use" marks a process keeps for its whole life (:func:`sbx.node.image.hold_image`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
     except BaseException:
