@@ -85,7 +85,7 @@ class StopResumeMixin(NodeBase):
                 st.mark("freeze")
                 try:
                     recovery.test_fail_checkpoint()
-                    frozen = checkpoint_settled(self, id, mem, image_gid=self._uid_base(id), frozen=frozen)
+                    frozen = self._checkpoint_settled(id, mem, image_gid=self._uid_base(id), frozen=frozen)
                     st.mark("checkpoint")
                     recovery.write_memory_generation(mem, rec["diskGen"])
                     criu.write_fingerprint(mem, criu.host_fingerprint(str(self.runtime.criu)))
@@ -189,6 +189,31 @@ class StopResumeMixin(NodeBase):
                 self._set_phase(id, "running", lastError=error)
             return ResumeResult(memory_restored=False, reason=reason, error=error)
 
+    def _checkpoint_settled(self, id: str, mem: Path, *, image_gid: int, frozen: bool) -> bool:
+        """Checkpoint sandbox ``id`` into ``mem`` (work files in its ``criu-work``, images readable by
+        ``image_gid``); ``frozen`` says whether we froze its cgroup first. A dump that failed only for a passing reason
+        (:data:`SETTLING_DUMP_ERRORS`: a unix socket holding a message with control data CRIU can't save, e.g. a
+        systemd notification not read yet when the freezer stopped the guest, typical right after a boot; a task in
+        uninterruptible sleep CRIU could not seize; a connection not accepted yet that already wrote) is tried again
+        after the sandbox ran :data:`SETTLE_SECONDS`, at most ``len(SETTLE_SECONDS)`` more times, frozen again before
+        each try when it was frozen at first. Returns whether the cgroup is frozen by us; raises the last
+        :class:`RuntimeError_`."""
+        path = self._cgroup_path(id)
+        for wait in (*SETTLE_SECONDS, None):
+            try:
+                self.runtime.checkpoint(id, mem, self._dir(id) / "criu-work", image_gid=image_gid)
+                return frozen
+            except RuntimeError_ as e:
+                if wait is None or not settling(e.detail):
+                    raise
+                log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
+                         e.detail.strip().rsplit("\n", 1)[-1])
+                cgroup.thaw(path)  # CRIU freezes again a cgroup it found frozen when its dump fails
+                time.sleep(wait)
+                if frozen:
+                    frozen = cgroup.freeze(path)
+        raise AssertionError("unreachable")
+
     def _host_mismatch(self, mem: Path, wait: float) -> list[str]:
         """What differs between the host the memory image in ``mem`` was made on and this one (``cpuModel``,
         ``cpuFlagsSha256``, ``kernel``, ``criu``; see :mod:`sbx.runtime.criu`); empty when they match. With ``wait``
@@ -247,28 +272,3 @@ class StopResumeMixin(NodeBase):
             st.mark("after-restore")
         st.done()
 
-
-def checkpoint_settled(node: NodeBase, id: str, mem: Path, *, image_gid: int, frozen: bool) -> bool:
-    """Checkpoint sandbox ``id`` of ``node`` into ``mem`` (work files in its ``criu-work``, images readable by
-    ``image_gid``); ``frozen`` says whether we froze its cgroup first. A dump that failed only for a passing reason
-    (:data:`SETTLING_DUMP_ERRORS`: a unix socket holding a message with control data CRIU can't save, e.g. a
-    systemd notification not read yet when the freezer stopped the guest, typical right after a boot; a task in
-    uninterruptible sleep CRIU could not seize; a connection not accepted yet that already wrote) is tried again
-    after the sandbox ran :data:`SETTLE_SECONDS`, at most ``len(SETTLE_SECONDS)`` more times, frozen again before
-    each try when it was frozen at first. Returns whether the cgroup is frozen by us; raises the last
-    :class:`RuntimeError_`."""
-    path = node._cgroup_path(id)
-    for wait in (*SETTLE_SECONDS, None):
-        try:
-            node.runtime.checkpoint(id, mem, node._dir(id) / "criu-work", image_gid=image_gid)
-            return frozen
-        except RuntimeError_ as e:
-            if wait is None or not settling(e.detail):
-                raise
-            log.info("checkpoint of %s failed for a passing reason; letting it run %.1f s: %s", id, wait,
-                     e.detail.strip().rsplit("\n", 1)[-1])
-            cgroup.thaw(path)  # CRIU freezes again a cgroup it found frozen when its dump fails
-            time.sleep(wait)
-            if frozen:
-                frozen = cgroup.freeze(path)
-    raise AssertionError("unreachable")

@@ -37,7 +37,6 @@ from sbx.config import Size
 from sbx.node.agentbase import NodeBase, now
 from sbx.node.memcopy import copy_image
 from sbx.node.steps import Steps
-from sbx.node.stopresume import checkpoint_settled
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime import criu
 from sbx.runtime.base import RuntimeError_
@@ -156,7 +155,7 @@ class TemplateMixin(NodeBase):
                     raise NodeError("template_failed", e.detail) from e
                 try:
                     # right after a boot: a systemd message not read yet may fail the first dump (SETTLING_DUMP_ERRORS)
-                    checkpoint_settled(self, sid, self._memory(sid), image_gid=0, frozen=False)
+                    self._checkpoint_settled(sid, self._memory(sid), image_gid=0, frozen=False)
                 except RuntimeError_ as e:
                     raise NodeError("template_failed", e.detail) from e
                 self._set_phase(sid, "stopped")
