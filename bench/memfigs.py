@@ -1,7 +1,7 @@
 """Figures of issue 13: a new sandbox from a memory template, and a fork with memory.
 
 - ``template``: ``Sandbox.create(type="small")`` until a first ``exec("true")`` answers, ``repeats`` times each
-  way: from a warm sandbox (one already restored from the template, :mod:`sbx.node.warmpool`; the figure waits
+  way: from a warm sandbox (one already restored from the template, :mod:`sbx.node.memory.warmpool`; the figure waits
   until the node's pool is full), from the small memory template itself (after untimed creates took every warm
   one left, before the node made the next: so while it makes them), and with ``cold=True`` (the cold boot both
   replace; timed once the node's pool is full again). The template is built in the background after the first

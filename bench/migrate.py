@@ -4,7 +4,7 @@ Two node agents (``sbx node serve``) run in network namespaces of their own, as 
 (:mod:`tests.nodenet`, nodes 4 and 5 of the run's slot, so it needs the dev install). Per working set (:data:`SETS`:
 128 MiB in a ``default`` sandbox, then 1 GiB in an ``xlarge`` one, whose 2 GiB limit leaves room for systemd and
 the image's page cache) a Python process in one sandbox on the first node holds that much random bytes; the sandbox
-is moved back and forth with :func:`sbx.node.livemove.migrate`, driven through the node API as a control plane
+is moved back and forth with :func:`sbx.node.migration.live.migrate`, driven through the node API as a control plane
 would (``sbx node drain`` calls the same function per sandbox). Each set makes ``repeats`` moves rounded up to an
 even number, so the sandbox ends where it started: six with the default ``--repeats 5``, as the anchor's n=6; the
 1 GiB set is not capped (a move takes 2–5 s end to end here; the whole figure about 90 s). Per move:
@@ -92,7 +92,7 @@ def _working_set(ctx: Ctx, hosts: list[tuple[RemoteNode, str]], label: str, mib:
     """The moves of one working set (module docstring); rows: trigger → exec answered, the pause. Raises
     ``RuntimeError`` when a move fails or loses the process or its memory."""
     from sbx.config import TEST_SIZES
-    from sbx.node.livemove import migrate
+    from sbx.node.migration.live import migrate
     from sbx.node.types import SandboxSpec
 
     totals: list[float] = []

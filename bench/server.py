@@ -205,7 +205,7 @@ def _mounts_under(path: Path) -> list[str]:
 def cleanup_host(settings: Settings) -> None:
     """Remove what the benchmark node leaves on the host once its server has stopped: its bridge and nftables
     table, its node folder on the volume and its run dir when they hold no sandbox, and its empty cgroups."""
-    from sbx.node.network import remove_bridge
+    from sbx.node.network.bridge import remove_bridge
 
     try:
         remove_bridge(settings.bridge, settings.node_name)

@@ -13,7 +13,7 @@ much touched random memory (:data:`bench.figures.HOLDER`). Each round, on the sa
 
 Every resume must report ``memoryRestored`` and the holder must keep its PID; the node the sandbox ends on is
 checked. The bytes a move sent and the server's own time for it come from the server's log line ("moved ...: N
-bytes in F files ... in S s", :mod:`sbx.control.moving`). There is no published timing for a cross-node resume
+bytes in F files ... in S s", :mod:`sbx.control.sandboxes.moving`). There is no published timing for a cross-node resume
 (the fork guide only says "A resume restores memory only on a machine with the same CPU type"), so the cross-node
 row's reference is the same-node row of the same working set, and its ratio is cross-node / same-node. The
 same-node rows keep the references of ``ws128`` (issue 13's 0.35 s goal) and ``ws1g`` (the seed's 3.4 s resume).

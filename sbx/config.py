@@ -72,7 +72,7 @@ class Settings:
     - ``state_dir``: the server's own files (SQLite database, token, OCI bundles).
     - ``bridge`` / ``subnet``: the host bridge sandboxes attach to, and its IPv4 /16.
     - ``egress_allow``: comma-separated IPv4 CIDRs sandboxes may reach although the egress policy denies them by
-      default (private, link-local, metadata and the host's networks; :mod:`sbx.node.egress`), e.g.
+      default (private, link-local, metadata and the host's networks; :mod:`sbx.node.network.egress`), e.g.
       ``"10.20.0.0/16,192.168.1.5"``. Empty by default. A bad item stops the server at start.
     - ``database_url``: a SQLAlchemy URL of a shared PostgreSQL database (psycopg 3), e.g.
       ``postgresql+psycopg://sbx@/sbx?host=/run/postgresql``; several server replicas may use one. Empty (the
@@ -91,7 +91,8 @@ class Settings:
     port: int = 7070
     proxy_port: int = 7080
     egress_proxy_port: int = 7443
-    """Port of the node's egress proxy (credential injection, :mod:`sbx.node.egressproxy`) on the bridge's gateway
+    """Port of the node's egress proxy (credential injection, :mod:`sbx.node.network.egressproxy`) on the bridge's
+    gateway
     address; 0 turns the proxy off (binding a secret then fails with ``409 egress_proxy_unavailable``)."""
     egress_upstream_ca: str = ""
     """A CA file the egress proxy trusts for upstream servers instead of its default bundle (tests, private CAs)."""
@@ -106,7 +107,7 @@ class Settings:
     """Seconds a ``require_memory`` resume waits for a host matching the memory image's CPU, kernel and CRIU
     before it fails with ``cpu_mismatch`` (issue 2; one node only matches again after an upgrade is undone)."""
     exec_channel: bool = True
-    """Run attached execs through the sandbox's exec agent (:mod:`sbx.node.channel`) when it answers; False: always
+    """Run attached execs through the sandbox's exec agent (:mod:`sbx.node.exec.channel`) when it answers; False: always
     ``runc exec`` (``SBX_EXEC_CHANNEL=0``). Either way the command's exit code, output and timeout are the same."""
     max_body_bytes: int = 1 << 20
     """Largest JSON request body the API takes (413 ``body_too_large`` above it); file uploads are not capped."""
@@ -117,7 +118,7 @@ class Settings:
     """Admission (issue 17): ``new``, ``resume`` and ``fork`` are refused with ``507 insufficient_capacity`` when the
     memory limits of the node's sandboxes that are not stopped, plus the new one, would pass (host RAM -
     ``memory_reserve_mib``) x this ratio. 4.0 lets a 24 GiB host run ~360 idle test-profile small sandboxes (256
-    MiB) or ~22 production small ones (4 GiB); see ``sbx.control.capacity``."""
+    MiB) or ~22 production small ones (4 GiB); see ``sbx.control.cluster.capacity``."""
     disk_reserve_gib: float = 5.0
     """Admission (issue 17): a sandbox is refused (``507 insufficient_capacity``) when the host filesystem under the
     data volume (or the volume itself) would keep less than this many GiB free after the new disk's likely growth."""
@@ -128,11 +129,11 @@ class Settings:
     plans: dict[str, dict[str, object]] = field(default_factory=dict)
     """Plan table (issue 12), TOML ``[plans.<name>]`` with ``price_usd_month``, ``sizes`` (list), ``starts_per_hour``,
     ``running`` (concurrently running sandboxes), ``storage_gib`` (included storage); 0 = no limit. Merged over the
-    seed defaults in :data:`sbx.control.plans.DEFAULT_PLANS`."""
+    seed defaults in :data:`sbx.control.accounts.plans.DEFAULT_PLANS`."""
     pricing: dict[str, object] = field(default_factory=dict)
     """Price model (issue 12), TOML ``[pricing]``: ``model`` ``"size"`` (per-size hourly prices, ``hourly.<size>``)
     or ``"memory"`` (``memory_gib_hour`` per GiB-hour of the size's memory, ``storage_gib_month`` per stored
-    GiB-month); defaults in :data:`sbx.control.pricing.DEFAULT_PRICING`."""
+    GiB-month); defaults in :data:`sbx.control.accounts.pricing.DEFAULT_PRICING`."""
     default_plan: str = "trial"
     """The plan a new account gets when none is given (the installation's first account has ``unlimited``)."""
     rate_limit: float = 20.0
@@ -145,11 +146,12 @@ class Settings:
     presents is answered ``401 auth_throttled`` (with ``Retry-After``) until the window has passed."""
     auth_fail_window: float = 60.0
     templates: bool = True
-    """Memory templates (issue 13, :mod:`sbx.node.templates`): ``sbx new`` restores a checkpointed base sandbox of
+    """Memory templates (issue 13, :mod:`sbx.node.memory.templates`): ``sbx new`` restores a checkpointed base sandbox
+    of
     its size instead of cold booting, once that size's template is built (in the background, after the first cold
     boot of the size). ``SBX_TEMPLATES=0`` turns them off (every ``new`` cold boots)."""
     warm_pool: int = 2
-    """Warm sandboxes (issue 13, :mod:`sbx.node.warmpool`) each node keeps per size whose template is built:
+    """Warm sandboxes (issue 13, :mod:`sbx.node.memory.warmpool`) each node keeps per size whose template is built:
     sandboxes already restored from the template, which the next ``sbx new`` of that size takes over (~0.1 s
     instead of the ~0.4 s restore). Two, so that creates in quick succession (a client making a few at once)
     find one while the node makes the next. ``SBX_WARM_POOL=0`` turns them off."""
@@ -165,18 +167,20 @@ class Settings:
     node_port: int = 7700
     node_heartbeat_seconds: float = 2.0
     """Seconds between two heartbeats a server sends its node (capacity, load, fingerprint;
-    :mod:`sbx.control.registry`)."""
+    :mod:`sbx.control.cluster.registry`)."""
     node_unreachable_seconds: float = 6.0
     """A node whose last answered heartbeat is older than this is ``unreachable`` (its sandboxes show
     ``nodeStatus: "unreachable"``, their ``state`` unchanged)."""
     replicate_seconds: float = 10.0
-    """Seal replicas (:mod:`sbx.control.replicas`): seconds between two passes of the loop that copies each stopped
+    """Seal replicas (:mod:`sbx.control.cluster.replicas`): seconds between two passes of the loop that copies each
+    stopped
     sandbox's disk and memory image to a second node, so it can resume there when its own node is gone (also
     right after each stop). 0 = off."""
     drain_parallel: int = 2
-    """Sandboxes a drain (``sbx node drain``, consolidation: :mod:`sbx.control.drain`) moves at once."""
+    """Sandboxes a drain (``sbx node drain``, consolidation: :mod:`sbx.control.cluster.drain`) moves at once."""
     consolidate_seconds: float = 300.0
-    """Consolidation (issue 11, :mod:`sbx.control.packing`): seconds between two passes of the loop that empties a
+    """Consolidation (issue 11, :mod:`sbx.control.cluster.packing`): seconds between two passes of the loop that
+    empties a
     lightly used node onto fuller ones (live migration for running sandboxes) and reports it removable. 0 = off."""
     consolidate_light_fraction: float = 0.25
     """A node is light (a candidate to empty) while the memory its sandboxes that are not stopped hold is below this
@@ -188,7 +192,7 @@ class Settings:
     """A node holding more sandboxes than this is not emptied by consolidation (it bounds one pass's work)."""
     stats_sample_seconds: float = 5.0
     """Seconds between two stats samples of each running sandbox, kept for the last hour for the console's graphs
-    (``GET /v1/sandboxes/{id}/stats``, :mod:`sbx.control.sampler`). 0 = no sampling."""
+    (``GET /v1/sandboxes/{id}/stats``, :mod:`sbx.control.sandboxes.sampler`). 0 = no sampling."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property

@@ -40,7 +40,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# The egress proxy (credential injection, sbx/node/egressproxy.py) runs mitmproxy as its own process from its own
+# The egress proxy (credential injection, sbx/node/network/egressproxy.py) runs mitmproxy as its own process from its own
 # virtualenv: mitmproxy pins h11, cryptography and others to versions that clash with the server's pins.
 MITMPROXY_VERSION=11.0.2
 if [ ! -x .venv-egress/bin/python ]; then

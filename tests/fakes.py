@@ -547,7 +547,7 @@ def two_node_plane(tmp_path: Path) -> Iterator[tuple[Any, FakeNode, FakeNode]]:
     """A started :class:`sbx.control.service.ControlPlane` driving two fake nodes: its embedded ``fake`` (a 4 GiB
     host with 50 GiB free) and ``fake2`` attached at ``fake://two``, heartbeaten once; yields ``(cp, one, two)``
     and closes the plane afterwards."""
-    from sbx.control.capacity import HostResources
+    from sbx.control.cluster.capacity import HostResources
     from sbx.control.service import ControlPlane
 
     one, two = FakeNode(tmp_path / "one"), FakeNode(tmp_path / "two")

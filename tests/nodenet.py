@@ -168,7 +168,7 @@ def host_netns(h: NodeHost) -> Iterator[NodeHost]:
     volume when it holds no sandbox. The benchmark's remote-node figure (bench/remote.py) uses it with names of its
     own. Needs root; raises ``AssertionError`` when an ``ip`` step fails."""
     from sbx.config import load_settings
-    from sbx.node.image import ensure_image
+    from sbx.node.host.image import ensure_image
     from sbx.storage.locks import file_lock
 
     # The base image is made here, in the host's namespace (the node's has no way out to the mirrors), and its

@@ -25,7 +25,7 @@ from sbx.api import schemas as S
 from sbx.api import schemas_accounts as SA
 from sbx.api.auth import principal, require_admin
 from sbx.api.models import CreateKey, with_plans
-from sbx.control.accounts import Principal, account_view, key_view
+from sbx.control.accounts.keys import Principal, account_view, key_view
 from sbx.control.errors import ControlError, not_found
 from sbx.control.service import ControlPlane
 

@@ -76,14 +76,14 @@ from sbx.api.models import (
     StopSandbox,
 )
 from sbx.config import Settings
-from sbx.control.accounts import Principal
-from sbx.control.consolidate import Consolidator
+from sbx.control.accounts.keys import Principal
+from sbx.control.cluster.consolidate import Consolidator
+from sbx.control.cluster.replicas import Replicator
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
-from sbx.control.replicas import Replicator
 from sbx.control.service import ControlPlane, job_view
-from sbx.control.state import DEFAULT_WAIT
-from sbx.control.store import SandboxRow
+from sbx.control.store.database import SandboxRow
+from sbx.control.store.state import DEFAULT_WAIT
 from sbx.node.types import NodeAgent
 
 log = logging.getLogger("sbx.api")
@@ -133,7 +133,8 @@ def create_app(
     ``wait``: seconds a conflicting request waits for an operation in flight before ``409 busy``.
     ``serve_proxy``: also listen for hosted-port traffic on ``settings.proxy_port`` (:mod:`sbx.api.proxy`).
     Starting the app (its lifespan) reconciles with the node and starts the reaper, the consolidation loop
-    (:mod:`sbx.control.consolidate`), the seal replicator (:mod:`sbx.control.replicas`) and the proxy; stopping
+    (:mod:`sbx.control.cluster.consolidate`), the seal replicator (:mod:`sbx.control.cluster.replicas`) and the proxy;
+    stopping
     it stops them.
     """
     api_token = token if token is not None else ensure_token(settings)

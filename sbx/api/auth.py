@@ -2,9 +2,9 @@
 
 - The installation's admin key is the token in ``<state_dir>/token`` (mode 0600; :func:`ensure_token`), made on
   the first start and written to the client config by ``sbx server``. Accounts' keys live hashed in the database
-  (:mod:`sbx.control.accounts`).
+  (:mod:`sbx.control.accounts.keys`).
 - :func:`principal` is the FastAPI dependency every ``/v1`` route has: it yields the request's
-  :class:`~sbx.control.accounts.Principal` (account id, key id, admin flag), or answers 401 ``unauthorized``
+  :class:`~sbx.control.accounts.keys.Principal` (account id, key id, admin flag), or answers 401 ``unauthorized``
   (missing, unknown, revoked or expired key). Anything that needs the request's account (e.g. secrets of a
   credential proxy) should take ``principal: Principal = Depends(principal)``.
 - :func:`owned` (a dependency of the ``/v1`` router) checks the path's ``sandbox_id`` (or a snapshot's ``name``)
@@ -39,9 +39,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from sbx.api.sessions import SESSION_COOKIE, Sessions, csrf_ok
 from sbx.config import Settings
-from sbx.control.accounts import Accounts, Principal, digest
+from sbx.control.accounts.keys import Accounts, Principal, digest
 from sbx.control.errors import ControlError, not_found
-from sbx.control.store import SandboxRow
+from sbx.control.store.database import SandboxRow
 
 bearer = HTTPBearer(auto_error=False, description="An API key (sbx server writes the installation's admin key to "
                     "~/.config/sbx/config.toml; `sbx admin key create` makes an account's). The web console's "

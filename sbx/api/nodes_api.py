@@ -1,4 +1,5 @@
-"""The node routes (:mod:`sbx.control.registry`, drains and consolidation: :mod:`sbx.control.consolidate`)::
+"""The node routes (:mod:`sbx.control.cluster.registry`, drains and consolidation:
+:mod:`sbx.control.cluster.consolidate`)::
 
     GET    /v1/nodes                              the node registry                200 {"nodes": [...]}
     POST   /v1/nodes                              add a node agent                 201 {"node"}
@@ -24,8 +25,8 @@ from sbx.api import schemas as S
 from sbx.api import schemas_nodes as SN
 from sbx.api.auth import principal, require_admin
 from sbx.api.models import TIMEOUT_QUERY, WAIT_QUERY, AddNode
-from sbx.control.accounts import Principal
-from sbx.control.consolidate import Consolidator
+from sbx.control.accounts.keys import Principal
+from sbx.control.cluster.consolidate import Consolidator
 from sbx.control.service import ControlPlane
 
 

@@ -1,7 +1,7 @@
 """The hosted-port proxy: an HTTP/1.1 listener (``settings.proxy_port``) that routes by ``Host`` header.
 
 ``Host: <port>-<subdomain>.<domain>`` reaches ``<port>`` of the sandbox with that subdomain, at its address on the
-node's bridge, when the sandbox has a route for that port (:mod:`sbx.control.routes`). In production a TLS
+node's bridge, when the sandbox has a route for that port (:mod:`sbx.control.sandboxes.routes`). In production a TLS
 terminator for ``*.<domain>`` forwards to this listener.
 
 Per connection the proxy reads one request head (parsed with h11), decides, then pipes bytes both ways, so bodies

@@ -16,7 +16,8 @@ come from the console's origin and carry ``?csrf=``)::
     GET    /v1/sandboxes/{id}/files/stat?path=P      one entry                         200 {"entry"}
     WS     /v1/sandboxes/{id}/pty?command=C&user=U&cols=N&rows=N&term=T   a terminal
 
-Files take ``user`` (``user`` or ``root``, default ``user``); see :mod:`sbx.control.files` for paths and errors.
+Files take ``user`` (``user`` or ``root``, default ``user``); see :mod:`sbx.control.sandboxes.files` for paths and
+errors.
 
 The PTY WebSocket: the client sends binary frames (keyboard bytes) and text frames with JSON
 ``{"type":"resize","cols":N,"rows":N}`` or ``{"type":"eof"}`` (sends ^D); the server sends binary frames (terminal
@@ -51,7 +52,7 @@ from sbx.api.auth import Gate, check_sandbox
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
-from sbx.node.tools import hang_up
+from sbx.node.host.tools import hang_up
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.api")

@@ -1,4 +1,4 @@
-"""The secrets routes (credential proxy, :mod:`sbx.control.secrets`)::
+"""The secrets routes (credential proxy, :mod:`sbx.control.secrets.vault`)::
 
     PUT    /v1/secrets/{name}                     create, or rotate (new value)   200 {"secret"}
     GET    /v1/secrets                            names and metadata, no values    200 {"secrets": [...]}
@@ -23,7 +23,7 @@ from sbx.api import schemas as S
 from sbx.api import schemas_accounts as SA
 from sbx.api.auth import principal
 from sbx.api.models import SECRET_NAME_PATTERN, PutSecret
-from sbx.control.accounts import Principal
+from sbx.control.accounts.keys import Principal
 from sbx.control.service import ControlPlane
 
 Name = Annotated[str, Path(min_length=1, max_length=63, pattern=SECRET_NAME_PATTERN,
@@ -88,6 +88,6 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
 
 def bind_all(cp: ControlPlane, sandbox_id: str, names: list[str] | None, account_id: str) -> None:
     """Bind ``names`` to a sandbox that was just created or forked (checked beforehand with
-    :meth:`sbx.control.secrets.Secrets.names`)."""
+    :meth:`sbx.control.secrets.vault.Secrets.names`)."""
     for name in dict.fromkeys(names or []):
         cp.secrets.bind(account_id, sandbox_id, name)

@@ -131,7 +131,7 @@ def server(
 
 def _begin_shutdown(app: Any) -> None:
     """On the server's first SIGTERM/SIGINT: every node it drives (the configured one and those added with
-    ``sbx node add``: :meth:`sbx.control.noderouter.NodeRouter.agents`) starts the exec grace period, so each
+    ``sbx node add``: :meth:`sbx.control.cluster.router.NodeRouter.agents`) starts the exec grace period, so each
     attached exec ends with ``server_shutdown``."""
     for _url, agent in app.state.control.router.agents().values():
         try:
@@ -142,7 +142,7 @@ def _begin_shutdown(app: Any) -> None:
 
 def setup() -> None:
     """Prepare this host for sandboxes (volume, CRIU, base image, network). Safe to re-run."""
-    from sbx.node.hostsetup import setup_host
+    from sbx.node.host.setup import setup_host
 
     settings = load_settings()
     try:
@@ -154,7 +154,7 @@ def setup() -> None:
 
 def doctor(json_: bool = JSON_OPT) -> None:
     """Check this host and say how to fix what is missing; exits 1 if a check fails."""
-    from sbx.node.hostsetup import doctor as run_doctor
+    from sbx.node.host.setup import doctor as run_doctor
 
     checks = run_doctor(load_settings())
     if json_:

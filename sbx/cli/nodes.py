@@ -5,8 +5,9 @@
 token (``SBX_NODE_TOKEN``, or one it makes in ``<state_dir>/node-token``). A server reaches it with
 ``SBX_NODE_URL=http://HOST:PORT SBX_NODE_TOKEN=... sbx server``. ``sbx node list [--json]``, ``sbx node cordon NODE``,
 ``sbx node uncordon NODE``, ``sbx node drain NODE`` and ``sbx node consolidation`` ask the server about its registry
-(:mod:`sbx.control.registry`), its drains and its consolidation loop; ``sbx node add URL --token T`` and
-``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.noderouter`); ``sbx migrate ID
+(:mod:`sbx.control.cluster.registry`), its drains and its consolidation loop; ``sbx node add URL --token T`` and
+``sbx node remove NODE`` add a further node agent for every replica (:mod:`sbx.control.cluster.router`); ``sbx migrate
+ID
 [--to NODE]`` (a top-level verb) live-migrates one running sandbox.
 """
 

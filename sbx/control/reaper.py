@@ -9,7 +9,7 @@
 - Event pruning: once an hour, lifecycle events older than ``settings.event_retention_seconds`` are deleted.
 
 With several server replicas on one PostgreSQL database only the elected one reaps: each tick a replica that does
-not lead tries to take the ``reaper`` leader lock (:class:`sbx.control.dblocks.LeaderLock`); the leader keeps it
+not lead tries to take the ``reaper`` leader lock (:class:`sbx.control.store.locks.LeaderLock`); the leader keeps it
 until it stops or dies (PostgreSQL then releases it and another replica takes over on its next tick). TTL uses the
 activity seen by the leader's own process (exec/log streams through other replicas are not counted yet).
 """
@@ -20,10 +20,10 @@ import datetime as dt
 import logging
 import time
 
-from sbx.control.dblocks import LeaderLoop
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
-from sbx.control.store import as_utc, utcnow
+from sbx.control.store.database import as_utc, utcnow
+from sbx.control.store.locks import LeaderLoop
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.reaper")
@@ -31,7 +31,7 @@ log = logging.getLogger("sbx.reaper")
 
 class Reaper(LeaderLoop):
     """Runs :meth:`run_once` every ``tick`` seconds in a daemon thread between :meth:`start` and :meth:`stop`
-    (:class:`sbx.control.dblocks.LeaderLoop`, duty ``reaper``; :meth:`stop` waits at most one tick plus the
+    (:class:`sbx.control.store.locks.LeaderLoop`, duty ``reaper``; :meth:`stop` waits at most one tick plus the
     current pass)."""
 
     what = "reaper"

@@ -16,13 +16,14 @@ Errors are :class:`sbx.control.errors.ControlError`.
 
 The control plane is split by mechanism; :class:`ControlPlane` combines the parts:
 
-- :mod:`sbx.control.planebase`: shared state, sandbox views, events, the worker pool, lookups and waits;
-- :mod:`sbx.control.operations`: create, stop, resume (resize), fork, delete;
-- :mod:`sbx.control.migrating`: live migration of a running sandbox to another node; :mod:`sbx.control.drain`:
+- :mod:`sbx.control.sandboxes.planebase`: shared state, sandbox views, events, the worker pool, lookups and waits;
+- :mod:`sbx.control.sandboxes.operations`: create, stop, resume (resize), fork, delete;
+- :mod:`sbx.control.sandboxes.migrating`: live migration of a running sandbox to another node;
+:mod:`sbx.control.cluster.drain`:
   emptying a node;
-- :mod:`sbx.control.snapshotting`: named and automatic snapshots;
-- :mod:`sbx.control.execjobs`: execs and detached jobs;
-- :mod:`sbx.control.orphans`: operations a dead replica left in flight;
+- :mod:`sbx.control.sandboxes.snapshotting`: named and automatic snapshots;
+- :mod:`sbx.control.sandboxes.execjobs`: execs and detached jobs;
+- :mod:`sbx.control.cluster.orphans`: operations a dead replica left in flight;
 - this module: start (reconcile with the node), settling a row after a crash, sandboxes that ended on their
   own, close.
 """
@@ -33,16 +34,16 @@ import functools
 import logging
 from typing import Any
 
-from sbx.control.activity import Activity
-from sbx.control.drain import Drains
+from sbx.control.cluster.drain import Drains
+from sbx.control.cluster.orphans import OrphanSweeper
 from sbx.control.errors import ControlError
-from sbx.control.execjobs import DEFAULT_EXEC_TIMEOUT, ExecOps
-from sbx.control.operations import DEFAULT_TTL, LifecycleOps
-from sbx.control.orphans import OrphanSweeper
-from sbx.control.planebase import START_WAIT
-from sbx.control.snapshotting import SNAPSHOT_NAME_RE, SnapshotOps
-from sbx.control.store import SandboxRow
-from sbx.control.views import job_view, snapshot_view
+from sbx.control.sandboxes.activity import Activity
+from sbx.control.sandboxes.execjobs import DEFAULT_EXEC_TIMEOUT, ExecOps
+from sbx.control.sandboxes.operations import DEFAULT_TTL, LifecycleOps
+from sbx.control.sandboxes.planebase import START_WAIT
+from sbx.control.sandboxes.snapshotting import SNAPSHOT_NAME_RE, SnapshotOps
+from sbx.control.sandboxes.views import job_view, snapshot_view
+from sbx.control.store.database import SandboxRow
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.control")
@@ -56,7 +57,8 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
 
     ``settings`` gives sizes, domain and defaults; ``node`` does the work; ``store`` defaults to a
     :class:`Store` at ``settings.db_url``; ``wait`` bounds how long a conflicting request waits for an operation in
-    flight (seconds). ``host`` measures the host for admission (default :func:`sbx.control.capacity.probe_host`);
+    flight (seconds). ``host`` measures the host for admission (default
+    :func:`sbx.control.cluster.capacity.probe_host`);
     ``trim`` gives freed volume space back to the host (default :func:`sbx.storage.volume.trim_volume`, run by a
     :class:`Trimmer`). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
     """
@@ -64,12 +66,12 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
 
     @functools.cached_property
     def drains(self) -> Drains:
-        """The node drains this replica runs (:mod:`sbx.control.drain`)."""
+        """The node drains this replica runs (:mod:`sbx.control.cluster.drain`)."""
         return Drains(self)
 
     @functools.cached_property
     def orphans(self) -> OrphanSweeper:
-        """What settles operations dead replicas left in flight (:mod:`sbx.control.orphans`)."""
+        """What settles operations dead replicas left in flight (:mod:`sbx.control.cluster.orphans`)."""
         return OrphanSweeper(self)
 
     # start / stop ----------------------------------------------------------------------------------------------
@@ -79,7 +81,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
 
         When other replicas are alive on the same (PostgreSQL) database they are using the node right now: the
         node is left as it is (a node agent reconciles itself when it starts) and only the operations no live
-        replica owns are settled (:class:`sbx.control.orphans.OrphanSweeper`, which also runs every few seconds
+        replica owns are settled (:class:`sbx.control.cluster.orphans.OrphanSweeper`, which also runs every few seconds
         from then on)."""
         self.lifecycle.ops.register()
         if self.lifecycle.ops.others_alive():
@@ -96,7 +98,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
             log.info("metering: %d intervals repaired at start", repaired)
         self.node.watch(self._on_node_exit)
         self.registry.start()  # its first beat learns the configured node's own name, which the store's rows carry
-        # every node's proxy asks through the rule of sbx.control.secretnodes; a node reached anew is re-told
+        # every node's proxy asks through the rule of sbx.control.secrets.nodes; a node reached anew is re-told
         self.router.serve_egress_nodes(self.secrets.nodes.handler_for, self.secrets.nodes.sync_node)
         self.secrets.sync_all()
         self.trimmer.start()
@@ -142,7 +144,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
 
     # nodes -----------------------------------------------------------------------------------------------------
     def add_node(self, url: str, token: str) -> dict[str, Any]:
-        """Add the node agent at ``url`` with its node ``token`` (:meth:`sbx.control.noderouter.NodeRouter.add`);
+        """Add the node agent at ``url`` with its node ``token`` (:meth:`sbx.control.cluster.router.NodeRouter.add`);
         its registry view. Raises 400 ``node_unauthorized``/``invalid_url``/``invalid_node_name``, 502
         ``node_unreachable`` (and other node failures), 409 ``node_configured`` when it is this server's own node."""
         if url.rstrip("/") == self.router.default_url.rstrip("/"):

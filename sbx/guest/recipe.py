@@ -1,7 +1,7 @@
 """The default sandbox image, described as plain data.
 
 This module is the in-sandbox side of sbx: it says *what* goes into the root filesystem and never touches
-the host (no subprocess, no imports from ``sbx.node``/``sbx.runtime``/...). ``sbx.node.image`` reads it and
+the host (no subprocess, no imports from ``sbx.node``/``sbx.runtime``/...). ``sbx.node.host.image`` reads it and
 does the work: ``mmdebstrap`` (variant :data:`VARIANT` of Debian :data:`SUITE` with :data:`PACKAGES`),
 then the customisation below, then ``mkfs.ext4 -d``.
 

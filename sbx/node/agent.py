@@ -15,7 +15,7 @@
   ``bundles/<id>/rootfs`` (the container's root: owners shifted into the sandbox's own host uid range).
 
 uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own (``uidBase`` in
-``node.json``; :mod:`sbx.node.rootfs`). Records made before shifted maps have no ``uidBase``: they keep the
+``node.json``; :mod:`sbx.node.lifecycle.rootfs`). Records made before shifted maps have no ``uidBase``: they keep the
 identity map while their memory image is restored and get a range of their own at their next cold boot.
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
@@ -25,36 +25,36 @@ matches.
 The agent is split by mechanism; :class:`LocalNode` combines the parts:
 
 - :mod:`sbx.node.agentbase`: node state, paths, the record ``node.json``, helpers the parts share;
-- :mod:`sbx.node.lifecycle`: create, bundle, identity, cold boot, delete;
-- :mod:`sbx.node.stopresume`: stop (checkpoint or halt), resume, memory restore;
-- :mod:`sbx.node.execjobs`: attached execs, detached jobs, spawned processes;
-- :mod:`sbx.node.snapshots`: fork and named snapshots;
-- :mod:`sbx.node.memcopy`: a new sandbox from another's memory (fork with memory, templates), new identity;
-- :mod:`sbx.node.templates`: memory templates of the base image, per size;
-- :mod:`sbx.node.warmpool`: warm sandboxes, restored from their template before a create asks;
-- :mod:`sbx.node.stats`: status and resource samples;
-- :mod:`sbx.node.watching`: the watcher of sandboxes that ended on their own;
-- :mod:`sbx.node.reconcile`: reconcile after a crash, server shutdown, leftovers;
-- :mod:`sbx.node.migration` and :mod:`sbx.node.migration_in`: live migration to and from another node.
-- :mod:`sbx.node.transfer`: a stopped sandbox's export to another node and its import there.
-- :mod:`sbx.node.replicas`: seal replicas, copies of other nodes' stopped sandboxes kept here until needed.
+- :mod:`sbx.node.lifecycle.containers`: create, bundle, identity, cold boot, delete;
+- :mod:`sbx.node.memory.stopresume`: stop (checkpoint or halt), resume, memory restore;
+- :mod:`sbx.node.exec.jobs`: attached execs, detached jobs, spawned processes;
+- :mod:`sbx.node.lifecycle.snapshots`: fork and named snapshots;
+- :mod:`sbx.node.memory.memcopy`: a new sandbox from another's memory (fork with memory, templates), new identity;
+- :mod:`sbx.node.memory.templates`: memory templates of the base image, per size;
+- :mod:`sbx.node.memory.warmpool`: warm sandboxes, restored from their template before a create asks;
+- :mod:`sbx.node.lifecycle.stats`: status and resource samples;
+- :mod:`sbx.node.lifecycle.watching`: the watcher of sandboxes that ended on their own;
+- :mod:`sbx.node.lifecycle.reconcile`: reconcile after a crash, server shutdown, leftovers;
+- :mod:`sbx.node.migration.outgoing` and :mod:`sbx.node.migration.incoming`: live migration to and from another node.
+- :mod:`sbx.node.migration.transfer`: a stopped sandbox's export to another node and its import there.
+- :mod:`sbx.node.migration.replicas`: seal replicas, copies of other nodes' stopped sandboxes kept here until needed.
 """
 
 from __future__ import annotations
 
-from sbx.node.egressnode import EgressMixin
-from sbx.node.execjobs import ExecMixin
-from sbx.node.lifecycle import LifecycleMixin
-from sbx.node.memcopy import MemoryCopyMixin
-from sbx.node.migration import MigrationMixin
-from sbx.node.reconcile import ReconcileMixin
-from sbx.node.replicas import ReplicaMixin
-from sbx.node.snapshots import SnapshotMixin
-from sbx.node.stats import StatsMixin
-from sbx.node.stopresume import StopResumeMixin
-from sbx.node.templates import TemplateMixin
-from sbx.node.warmpool import WarmPoolMixin
-from sbx.node.watching import WatchMixin
+from sbx.node.exec.jobs import ExecMixin
+from sbx.node.lifecycle.containers import LifecycleMixin
+from sbx.node.lifecycle.reconcile import ReconcileMixin
+from sbx.node.lifecycle.snapshots import SnapshotMixin
+from sbx.node.lifecycle.stats import StatsMixin
+from sbx.node.lifecycle.watching import WatchMixin
+from sbx.node.memory.memcopy import MemoryCopyMixin
+from sbx.node.memory.stopresume import StopResumeMixin
+from sbx.node.memory.templates import TemplateMixin
+from sbx.node.memory.warmpool import WarmPoolMixin
+from sbx.node.migration.outgoing import MigrationMixin
+from sbx.node.migration.replicas import ReplicaMixin
+from sbx.node.network.egressnode import EgressMixin
 
 
 class LocalNode(

@@ -4,8 +4,9 @@ It holds the node's state (settings, folders, the runc runtime, per-sandbox lock
 sandbox's files live (disk, memory image, bundle, mounts), its record ``node.json`` (read, saved atomically,
 phase changes, network lease, uid range), and the helpers several mechanisms use: mounting and unmounting the
 disk, tearing a container down, discarding or judging a memory image, sealing the disk, and the running check.
-The mixins in :mod:`sbx.node.lifecycle`, :mod:`sbx.node.stopresume`, :mod:`sbx.node.execjobs`,
-:mod:`sbx.node.snapshots`, :mod:`sbx.node.stats`, :mod:`sbx.node.watching` and :mod:`sbx.node.reconcile` build
+The mixins in :mod:`sbx.node.lifecycle.containers`, :mod:`sbx.node.memory.stopresume`, :mod:`sbx.node.exec.jobs`,
+:mod:`sbx.node.lifecycle.snapshots`, :mod:`sbx.node.lifecycle.stats`, :mod:`sbx.node.lifecycle.watching` and
+:mod:`sbx.node.lifecycle.reconcile` build
 on it.
 """
 
@@ -22,8 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sbx.config import Settings, Size
-from sbx.node import cgdelegate, cgroup, egress, hookd, lxcfs, network, recovery, rootfs, watch
-from sbx.node.egressproxy import EgressProxy
+from sbx.node.lifecycle import cgdelegate, cgroup, lxcfs, recovery, rootfs, watch
+from sbx.node.network import bridge as network
+from sbx.node.network import egress, hookd
+from sbx.node.network.egressproxy import EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
 from sbx.runtime.pageserver import PageReceiver
@@ -66,23 +69,24 @@ class NodeBase:
         self._fingerprint: dict[str, str] | None = None  # this host's CRIU fingerprint, measured on first use
         self._nested_ooms: dict[str, int] = {}  # kills in a sandbox's child cgroups not yet saved in its record
         self._cpu_samples: dict[str, tuple[float, int]] = {}
-        self._page_receivers: dict[str, PageReceiver] = {}  # arrivals' page servers (sbx.node.migration_in)
+        self._page_receivers: dict[str, PageReceiver] = {}  # arrivals' page servers (sbx.node.migration.incoming)
         self._cpu_percent: dict[str, float] = {}
-        # the exec channel (sbx.node.execjobs): open agent connections, sandboxes being stopped, misbehaving agents
+        # the exec channel (sbx.node.exec.jobs): open agent connections, sandboxes being stopped, misbehaving agents
         self._channel_socks: dict[str, set[Any]] = {}
         self._channel_quiet: set[str] = set()
         self._channel_why: dict[str, tuple[str, str]] = {}  # (code, message) a quiesce ends open commands with
         self._channel_suspect: dict[str, float] = {}
         self._env_cache: dict[str, tuple[int, list[str]]] = {}
-        self._template_builds: set[str] = set()  # keys of memory templates being built (sbx.node.templates)
+        self._template_builds: set[str] = set()  # keys of memory templates being built (sbx.node.memory.templates)
         self._template_guard = threading.Lock()
-        # warm sandboxes (sbx.node.warmpool): ready ids by size name, taken ids (size, monotonic time taken), sizes
+        # warm sandboxes (sbx.node.memory.warmpool): ready ids by size name, taken ids (size, monotonic time taken),
+        # sizes
         # being filled; all under _pool_guard
         self._pool_ready: dict[str, list[str]] = {}
         self._pool_taken: dict[str, tuple[str, float]] = {}
         self._pool_filling: set[str] = set()
         self._pool_guard = threading.Lock()
-        # copies a live migration left here, being deleted in the background (sbx.node.migration), by id
+        # copies a live migration left here, being deleted in the background (sbx.node.migration.outgoing), by id
         self._departing: dict[str, threading.Thread] = {}
         self._departing_guard = threading.Lock()
         self._egress: EgressProxy | None = None  # the credential proxy, once prepare started it
@@ -93,7 +97,7 @@ class NodeBase:
     def prepare(self, progress: Callable[[str], None] | None = None) -> None:
         """Make the host ready to run sandboxes: the reflink volume, the base image (built once, cached by its
         recipe hash), the node's folders and the bridge with its nftables rules. Idempotent."""
-        from sbx.node.image import ensure_image
+        from sbx.node.host.image import ensure_image
         from sbx.storage.volume import ensure_volume
 
         say = progress or (lambda _m: None)
@@ -126,16 +130,16 @@ class NodeBase:
     @property
     def image(self) -> Path:
         if self._image is None or not self._image.is_file():  # a newer sbx on this host may have replaced it
-            from sbx.node.image import ensure_image
+            from sbx.node.host.image import ensure_image
 
             self._use_image(ensure_image(self.settings))
         assert self._image is not None
         return self._image
 
     def _use_image(self, path: Path) -> None:
-        """Make ``path`` the node's base image and hold it while the node runs (:func:`sbx.node.image.hold_image`:
+        """Make ``path`` the node's base image and hold it while the node runs (:func:`sbx.node.host.image.hold_image`:
         another sbx on this host that builds its own image won't delete it), releasing the one held before."""
-        from sbx.node.image import hold_image
+        from sbx.node.host.image import hold_image
 
         if self._image_hold is not None and path == self._image:
             return
@@ -255,7 +259,7 @@ class NodeBase:
         file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
         unmount, and the loop device then detaches lazily). Copies of the mount that other mount namespaces still
         hold after 0.5 s (at once with ``wait`` 0, a delete's: it doesn't wait for the loop device) are unmounted
-        there (:func:`sbx.node.rootfs.release_holders`)."""
+        there (:func:`sbx.node.lifecycle.rootfs.release_holders`)."""
         rootfs.umount_root(self._disk(sid), self._rootfs(sid))
         start = time.monotonic()
         released = False
@@ -291,7 +295,7 @@ class NodeBase:
 
     def _memory_usable(self, sid: str) -> bool:
         """True when the sandbox has a complete memory image (``host.json`` written) of its disk's current
-        generation (:mod:`sbx.node.recovery`)."""
+        generation (:mod:`sbx.node.lifecycle.recovery`)."""
         mem = self._memory(sid)
         if criu.read_fingerprint(mem) is None:
             return False

@@ -50,7 +50,7 @@ class ResumeResult:
 
     ``memory_restored`` is True when CRIU restored the processes; otherwise the sandbox cold-booted from its
     disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``,
-    ``"stale_checkpoint"``: the image belongs to an older disk generation, see :mod:`sbx.node.recovery`);
+    ``"stale_checkpoint"``: the image belongs to an older disk generation, see :mod:`sbx.node.lifecycle.recovery`);
     ``error`` keeps the restore error text when there was one.
     """
 
@@ -150,7 +150,7 @@ class NodeAgent(Protocol):
 
     def pool_take(self, size: str) -> str | None:
         """Reserve a warm sandbox of size ``size`` (a size name: one already restored from its memory template,
-        :mod:`sbx.node.warmpool`) and return its id, or None when there is none. A :meth:`create` whose spec has
+        :mod:`sbx.node.memory.warmpool`) and return its id, or None when there is none. A :meth:`create` whose spec has
         that id then only gives it its identity; one that never comes leaves it deleted after a minute."""
         ...
 
@@ -158,7 +158,7 @@ class NodeAgent(Protocol):
         """Make the sandbox's disk (from the base image, or a copy of snapshot ``from_snapshot``), grow it to
         ``spec.size.disk_mib``, give it a fresh identity, boot it and wait until exec works. Without
         ``from_snapshot`` and ``cold`` it restores the size's memory template instead when one is ready (the
-        sandbox still gets its own identity; :mod:`sbx.node.templates`), or takes over the warm sandbox
+        sandbox still gets its own identity; :mod:`sbx.node.memory.templates`), or takes over the warm sandbox
         :meth:`pool_take` gave for ``spec.id``. Returns ``"pool"``, ``"template"`` or ``"boot"``.
         Raises ``NodeError("boot_failed")``, ``NodeError("not_found")`` for an unknown snapshot."""
         ...
@@ -270,7 +270,7 @@ class NodeAgent(Protocol):
 
     def serve_egress(self, handler: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
         """Answer the egress proxy's questions with ``handler(sandbox_id, question) -> answer`` (see
-        :mod:`sbx.node.egressproxy`)."""
+        :mod:`sbx.node.network.egressproxy`)."""
         ...
 
     def set_egress_proxy(self, id: str, enabled: bool) -> None:

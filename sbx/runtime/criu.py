@@ -1,7 +1,7 @@
 """CRIU as installed by host setup, and the host fingerprint a memory image is tied to.
 
 CRIU 4.2.1 from Debian sid runs through sid's own dynamic loader (a wrapper script ``<criu_dir>/criu``,
-written by :mod:`sbx.node.criuinstall`); runc is pointed at it with its global ``--criu`` flag and talks to it with
+written by :mod:`sbx.node.host.criuinstall`); runc is pointed at it with its global ``--criu`` flag and talks to it with
 ``criu swrk`` (runtime-facts). A memory image can only be restored on a host with the same CPU model and flags,
 kernel and CRIU version: :func:`host_fingerprint` captures those and is stored beside each image.
 """

@@ -40,7 +40,7 @@ def file_lock(path: Path, wait: bool = True, shared: bool = False) -> Iterator[b
 def hold_shared(path: Path) -> int:
     """Take a shared ``flock`` on ``path`` (created, with its folder, when missing) and keep it: returns the open
     descriptor, whose ``os.close`` (or the process's end) releases it. Blocks while another process holds an
-    exclusive one. For "in use" marks a process keeps for its whole life (:func:`sbx.node.image.hold_image`)."""
+    exclusive one. For "in use" marks a process keeps for its whole life (:func:`sbx.node.host.image.hold_image`)."""
     fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)

@@ -147,7 +147,7 @@ def _cleanup_host(env: dict[str, str]) -> None:
     """Remove what the test server left on the host: its bridge and nftables table, any container still running on
     its node and its node folder (:func:`tests.nodenet.force_clean`)."""
     from sbx.config import load_settings
-    from sbx.node.network import remove_bridge
+    from sbx.node.network.bridge import remove_bridge
 
     settings = load_settings(node_name=env["SBX_NODE_NAME"], bridge=env["SBX_BRIDGE"], subnet=env["SBX_SUBNET"],
                              profile="test")

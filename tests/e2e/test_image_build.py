@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sbx.guest import recipe
-from sbx.node import image
+from sbx.node.host import image
 from sbx.storage import mounts
 
 pytestmark = pytest.mark.e2e

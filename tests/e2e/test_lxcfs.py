@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node import lxcfs
+from sbx.node.lifecycle import lxcfs
 
 pytestmark = pytest.mark.e2e
 

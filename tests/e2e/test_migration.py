@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from sbx.config import TEST_SIZES
-from sbx.node.livemove import migrate
+from sbx.node.migration.live import migrate
 from sbx.node.remote.client import RemoteNode
 from sbx.node.types import NodeError, SandboxSpec
 from tests.e2e.helpers import poll
@@ -190,7 +190,7 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
     untracked = " ".join(w for w in untracked.split() if w.isdigit()) or untracked.strip()
     dst.delete(sid)
     # The peer got its reset at once (before the bridge kept one MAC, in about half of the full-suite runs it got
-    # none: the reset went to the bridge's previous MAC, see sbx.node.network.bridge_mac).
+    # none: the reset went to the bridge's previous MAC, see sbx.node.network.bridge.bridge_mac).
     assert (peer_saw, figures["resetConnections"] >= 1) == ("reset", True), (
         f"the peer's TCP connection saw {peer_saw!r} after the move, not a reset (sockets destroyed at the freeze: "
         f"{figures['resetSockets']}; established on B after the move: {left_on_b!r}; packets, bytes of resets "

@@ -17,7 +17,7 @@ import pytest
 
 from sbx.config import load_settings
 from sbx.node.agent import LocalNode
-from sbx.node.network import remove_bridge
+from sbx.node.network.bridge import remove_bridge
 from sbx.node.types import NodeError, SandboxSpec
 from tests.slots import slotted
 
@@ -383,10 +383,10 @@ def test_a_fork_with_memory_that_meets_an_unaccepted_connection_dumps_again(node
 
 
 def test_a_running_node_holds_its_base_image(node):
-    """A build of another recipe on this host prunes only images no running node holds (sbx.node.image)."""
+    """A build of another recipe on this host prunes only images no running node holds (sbx.node.host.image)."""
     import fcntl
 
-    from sbx.node.image import IN_USE_SUFFIX
+    from sbx.node.host.image import IN_USE_SUFFIX
 
     fd = os.open(node.image.with_suffix(IN_USE_SUFFIX), os.O_RDWR)
     try:

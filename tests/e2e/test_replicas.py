@@ -72,7 +72,8 @@ def info(fs: FaultServer, sid: str) -> dict:  # type: ignore[type-arg]
 
 def held(node: NodeHost, sid: str, name: str) -> bool:
     """Whether the node's test hold ``name`` (``stop``, ``restore``, ``frozen``) is pausing ``sid`` now: its marker
-    file exists (sbx.node.recovery; sbx.storage.disk puts the freeze's beside the mount point in the bundle)."""
+    file exists (sbx.node.lifecycle.recovery; sbx.storage.disk puts the freeze's beside the mount point in the
+    bundle)."""
     if name == "frozen":
         return bool(glob.glob(str(Path("/run/sbx") / node.node_name / "bundles" / sid / "*.frozen-hold")))
     return (Path("/var/lib/sbx/volume/nodes") / node.node_name / "sandboxes" / sid / f"{name}-hold").exists()

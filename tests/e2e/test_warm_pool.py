@@ -1,4 +1,5 @@
-"""Warm sandboxes (issue 13, sbx.node.warmpool), on real sandboxes through the CLI: a server keeping two per size.
+"""Warm sandboxes (issue 13, sbx.node.memory.warmpool), on real sandboxes through the CLI: a server keeping two per
+size.
 
 - Once the small template is built, two small sandboxes are restored from it ahead of time (phase ``pooled``,
   hostname ``sbx-pool``), unlisted. Two ``sbx new`` at once take them over (``startedFrom: "pool"``, the warm

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from sbx.node import network
+from sbx.node.network import bridge as network
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.helpers import poll
 from tests.outside import outside_netns
@@ -140,8 +140,8 @@ def test_metadata_private_ranges_and_the_host_are_out_of_reach(sec_server: Serve
         httpd.server_close()
 
     # what a Debian machine needs still works although the nameserver may sit on a private address
-    from sbx.node import egress
-    from sbx.node.image import mirror_lines
+    from sbx.node.host.image import mirror_lines
+    from sbx.node.network import egress
 
     hosts = [h for h, _p in egress.mirror_endpoints(mirror_lines())]
     if hosts and egress.host_nameservers():

@@ -11,7 +11,7 @@ runs it) into ``static/vendor/``, which git ignores. Nothing is loaded from anot
 
 Sign-in checks the key with :meth:`sbx.api.auth.Gate.check` (the check bearer requests get, with its rate limit
 and wrong-key throttle) and answers a wrong key with the API's ``401 unauthorized``; a sign-in posted from another
-origin is ``403 csrf_failed``. The session then acts as that key's :class:`~sbx.control.accounts.Principal`:
+origin is ``403 csrf_failed``. The session then acts as that key's :class:`~sbx.control.accounts.keys.Principal`:
 the same account, the same ownership checks (another account's sandbox is 404), and the key is checked again on
 every request. The page sends the session's ``csrf`` in ``X-Sbx-Csrf`` with every change; see
 :mod:`sbx.api.sessions` for the rules.
@@ -32,7 +32,7 @@ from sbx.api import schemas_accounts as SA
 from sbx.api.auth import Gate, client_address
 from sbx.api.models import SignIn
 from sbx.api.sessions import SESSION_COOKIE, Session, same_origin
-from sbx.control.accounts import Principal
+from sbx.control.accounts.keys import Principal
 from sbx.control.errors import ControlError
 
 STATIC = Path(__file__).parent / "static"

@@ -140,7 +140,8 @@ class RemoteNode(EgressClient):
             self._relay = (httpx.URL(self.url).host, port)
         return (*self._relay, self._headers["Authorization"].split(" ", 1)[1])
 
-    # --- a stopped sandbox moving between nodes (sbx.node.transfer) -------------------------------------------
+    # --- a stopped sandbox moving between nodes (sbx.node.migration.transfer)
+    # -------------------------------------------
     def transfer_parent(self) -> dict[str, str]:
         return self._call("transfer_parent")  # type: ignore[no-any-return]
 
@@ -193,7 +194,8 @@ class RemoteNode(EgressClient):
             raise self._unreachable(e) from None
         self._check(resp)
 
-    # --- seal replicas (sbx.node.replicas) ------------------------------------------------------------------------
+    # --- seal replicas (sbx.node.migration.replicas)
+    # ------------------------------------------------------------------------
     def begin_replica(self, manifest: dict[str, Any]) -> None:
         self._call("begin_replica", manifest)
 
@@ -273,7 +275,7 @@ class RemoteNode(EgressClient):
     def info(self) -> NodeInfo:
         return self._call("info")  # type: ignore[no-any-return]
 
-    # live migration (sbx.node.migration): prepare and abort on the destination, migrate_out on the source
+    # live migration (sbx.node.migration.outgoing): prepare and abort on the destination, migrate_out on the source
     def migrate_prepare(self, spec: SandboxSpec, fingerprint: dict[str, str]) -> dict[str, Any]:
         return self._call("migrate_prepare", spec, fingerprint)  # type: ignore[no-any-return]
 

@@ -1,6 +1,6 @@
 """The egress proxy's questions from a node agent to the control plane: a long poll the control plane holds open.
 
-On the embedded node the proxy's control socket (:mod:`sbx.node.egressproxy`) calls the control plane's handler
+On the embedded node the proxy's control socket (:mod:`sbx.node.network.egressproxy`) calls the control plane's handler
 in process. A node agent (``sbx node serve``) can't call its servers (it knows no server's address, and a server
 replica may come and go), so the questions travel the other way round, over the node API and its token:
 
@@ -17,7 +17,7 @@ Nothing waits when no server polls: with no poll seen for :data:`POLL_FRESH_SECO
 answers within :data:`ANSWER_SECONDS`, the request passes without secrets (``{"actions": []}``), as on an
 embedded node with no handler. ``boot`` is this node process's link id: a server that sees it change (the agent
 restarted, its redirect set is empty) tells the node again which sandboxes go through the proxy
-(``on_link``). Which sandbox a node may ask about is the control plane's rule (:mod:`sbx.control.secretnodes`).
+(``on_link``). Which sandbox a node may ask about is the control plane's rule (:mod:`sbx.control.secrets.nodes`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A folder of files as one HTTP body, for moving a sandbox between nodes (:mod:`sbx.node.migration`).
+"""A folder of files as one HTTP body, for moving a sandbox between nodes (:mod:`sbx.node.migration.outgoing`).
 
 Format (little-endian), streamed without knowing the total length in advance::
 

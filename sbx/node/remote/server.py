@@ -13,7 +13,7 @@ has the shapes):
 - ``GET /v1/node/exits?after=N&wait=S&boot=B``: sandboxes that ended on their own (the node's watcher), after
   sequence number ``N`` (``-1``: only the current last number) of the node process ``B``, waiting up to ``S``
   seconds (at most 30) for one;
-- ``/v1/node/migrate/<id>/...``: a sandbox arriving from another node (:mod:`sbx.node.migration_in`). These take
+- ``/v1/node/migrate/<id>/...``: a sandbox arriving from another node (:mod:`sbx.node.migration.incoming`). These take
   ``Authorization: Bearer <migration ticket>`` instead of the node token: the one-time ticket ``migrate_prepare``
   gave for that sandbox, so the source node sends its files here without knowing this node's token.
   ``PUT .../base|final|memory`` (a :mod:`sbx.node.remote.filestream` body), ``POST .../pages`` (``{"address",
@@ -21,11 +21,12 @@ has the shapes):
   .../confirm``, ``POST .../abort``, ``GET ...`` (``{"state"}``). Errors: 401 ``unauthorized`` (no such
   arrival or a wrong ticket), 400 ``bad_stream``, 409 a :class:`sbx.node.types.NodeError`.
 - ``GET /v1/node/relay``: ``{"port": P}`` of the node's port relay (:mod:`sbx.node.remote.relay`; 0: none);
-- ``GET /v1/node/transfer/<id>/<name>``: a file of a stopped sandbox's export, streamed (:mod:`sbx.node.transfer`);
+- ``GET /v1/node/transfer/<id>/<name>``: a file of a stopped sandbox's export, streamed
+(:mod:`sbx.node.migration.transfer`);
 - ``PUT /v1/node/transfer/<id>/<name>``: a file of an import, streamed in and hash-checked (409
   ``transfer_corrupt`` when its SHA-256 differs from the manifest's); ``GET`` with ``?kind=replica``: a file of
   an export for a seal replica;
-- ``PUT /v1/node/replica/<id>/<name>``: a file of a seal replica, likewise (:mod:`sbx.node.replicas`).
+- ``PUT /v1/node/replica/<id>/<name>``: a file of a seal replica, likewise (:mod:`sbx.node.migration.replicas`).
 
 The node agent process watches its own sandboxes from its start; each control plane polls ``exits``.
 """
@@ -105,7 +106,7 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
     both."""
     exits = Exits()
     relay_port = {"port": 0}
-    xfer: Any = node  # the transfer calls of sbx.node.transfer (not part of the NodeAgent protocol)
+    xfer: Any = node  # the transfer calls of sbx.node.migration.transfer (not part of the NodeAgent protocol)
     link = EgressLink()  # the egress proxy asks the polling servers (sbx.node.remote.egresslink)
     node.serve_egress(link.ask)
 
@@ -259,7 +260,7 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
 
 def _migration_routes(app: FastAPI, node: Any) -> None:
     """The routes of a sandbox arriving from another node (see the module docstring). ``node`` has the
-    methods of :class:`sbx.node.migration_in.IncomingMixin`."""
+    methods of :class:`sbx.node.migration.incoming.IncomingMixin`."""
 
     def ticket_ok(request: Request, id: str) -> bool:
         scheme, _, cred = (request.headers.get("authorization") or "").partition(" ")

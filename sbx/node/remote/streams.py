@@ -18,13 +18,13 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from sbx.node.host.tools import hang_up
 from sbx.node.remote import wire
 from sbx.node.remote.spawned import (
     OUT_STDERR,
     OUT_STDOUT,
     set_winsize,
 )
-from sbx.node.tools import hang_up
 from sbx.node.types import ExecEvent, NodeError
 
 log = logging.getLogger("sbx.node.remote")

@@ -11,7 +11,8 @@ costs one entry in :data:`CALLS` (server side) and a one-line method in :class:`
   an error after the stream started is one line ``{"error": {...}}``.
 - A spawned process is the WebSocket ``/v1/node/spawn`` (:mod:`sbx.node.remote.spawned`).
 - The node's exit watcher is a long poll, ``GET /v1/node/exits?after=N``.
-- A moving sandbox's files (:mod:`sbx.node.transfer`) stream as raw bytes: ``GET /v1/node/transfer/<id>/<name>``
+- A moving sandbox's files (:mod:`sbx.node.migration.transfer`) stream as raw bytes: ``GET
+/v1/node/transfer/<id>/<name>``
   (from the source) and ``PUT /v1/node/transfer/<id>/<name>`` (into the destination, hash-checked there).
 - The egress proxy's questions are a long poll the servers hold, ``POST /v1/node/egress/poll`` and ``.../answer``
   (:mod:`sbx.node.remote.egresslink`).
@@ -45,11 +46,11 @@ CALLS = frozenset({
     "create", "pool_take", "exec_detached", "kill_job", "jobs", "job_output", "stop", "resume", "fork", "fork_stopped",
     "snapshot",
     "delete_snapshot", "snapshots", "delete", "stats", "status", "address", "reconcile", "info",
-    # live migration (sbx.node.migration): the destination prepares and may drop an arrival; the source moves
+    # live migration (sbx.node.migration.outgoing): the destination prepares and may drop an arrival; the source moves
     "migrate_prepare", "migrate_abort", "migrate_out",
-    # a stopped sandbox moving between nodes (sbx.node.transfer); its files have their own streaming routes
+    # a stopped sandbox moving between nodes (sbx.node.migration.transfer); its files have their own streaming routes
     "transfer_parent", "export_stopped", "end_export", "begin_import", "abort_import", "commit_import",
-    # seal replicas (sbx.node.replicas); their files stream in on their own route
+    # seal replicas (sbx.node.migration.replicas); their files stream in on their own route
     "begin_replica", "seal_replica", "drop_replica", "replicas", "promote_replica",
     # which sandboxes go through the egress proxy; its questions have their own routes (sbx.node.remote.egresslink)
     "set_egress_proxy",

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sbx.cli.main import app as cli_app
-from sbx.control.capacity import host_memory_mib
+from sbx.control.cluster.capacity import host_memory_mib
 from sbx.sdk import Client, InsufficientCapacity, Sandbox, SbxError
 from tests.fakes import LiveServer, serve_live
 

@@ -1,4 +1,5 @@
-"""The console's sign-in and sessions (sbx.api.auth, sbx.api.console) and the stats sampler (sbx.control.sampler)
+"""The console's sign-in and sessions (sbx.api.auth, sbx.api.console) and the stats sampler
+(sbx.control.sandboxes.sampler)
 on the real app with a FakeNode. The browser side is tests/e2e/test_console.py."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 from sbx.api.auth import Gate
 from sbx.api.sessions import CSRF_HEADER, SESSION_COOKIE, Sessions
 from sbx.control.errors import ControlError
-from sbx.control.sampler import WINDOW_SECONDS, Sampler
+from sbx.control.sandboxes.sampler import WINDOW_SECONDS, Sampler
 from sbx.node.types import NodeError, Stats
 from tests.fakes import TOKEN, Api
 

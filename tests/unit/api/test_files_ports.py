@@ -112,7 +112,7 @@ def test_routes_survive_stop_resume_but_not_fork_or_delete(api: Api) -> None:
     assert api.get(f"/v1/sandboxes/{fork['id']}/routes").json()["routes"] == []
     api.delete(f"/v1/sandboxes/{sid}?wait=true")
     assert api.control.routes.resolve(f"8000-{api.sandbox(fork['id'])['subdomain']}.sbx.localhost") is None
-    from sbx.control.routes import RouteRow
+    from sbx.control.sandboxes.routes import RouteRow
 
     with api.control.store.session() as s:
         assert s.query(RouteRow).filter_by(sandbox_id=sid).count() == 0

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cryptography.exceptions import InvalidTag
 
-from sbx.control import secretrules as R
-from sbx.control import secrets as S
+from sbx.control.secrets import rules as R
+from sbx.control.secrets import vault as S
 from tests.fakes import Api
 
 VALUE = "ghp_unit-test-value-0123456789"

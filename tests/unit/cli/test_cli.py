@@ -187,7 +187,7 @@ def test_server_writes_the_client_config(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_doctor_prints_checks_and_fails_when_one_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sbx.node.hostsetup as hs
+    import sbx.node.host.setup as hs
 
     checks = [hs.Check("runc", True, "1.1.5", ""), hs.Check("criu", False, "missing", "run `sbx setup`")]
     monkeypatch.setattr(hs, "doctor", lambda settings: checks)
@@ -200,7 +200,7 @@ def test_doctor_prints_checks_and_fails_when_one_fails(monkeypatch: pytest.Monke
 
 
 def test_setup_reports_a_host_failure_as_an_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sbx.node.hostsetup as hs
+    import sbx.node.host.setup as hs
 
     def boom(settings, progress=None):  # type: ignore[no-untyped-def]
         progress("step one")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control.store import Store
+from sbx.control.store.database import Store
 from tests.fakes import FakeNode
 from tests.pgcluster import PgCluster, pg_cluster
 

@@ -1,4 +1,5 @@
-"""Admission (issue 17): the arithmetic of :mod:`sbx.control.capacity`, and the control plane refusing new, resume,
+"""Admission (issue 17): the arithmetic of :mod:`sbx.control.cluster.capacity`, and the control plane refusing new,
+resume,
 resize and fork with 507 insufficient_capacity, atomically and without leaving anything behind."""
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from sbx.config import TEST_SIZES
-from sbx.control import capacity
-from sbx.control.capacity import GiB, HostResources
+from sbx.control.cluster import capacity
+from sbx.control.cluster.capacity import GiB, HostResources
+from sbx.control.cluster.trim import FOLLOW_UP_SLACK, FOLLOW_UPS, Trimmer
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
-from sbx.control.store import SandboxRow, utcnow
-from sbx.control.trim import FOLLOW_UP_SLACK, FOLLOW_UPS, Trimmer
+from sbx.control.store.database import SandboxRow, utcnow
 from tests.fakes import FakeNode, fake_settings, wait_until
 
 SMALL = TEST_SIZES["small"]  # 256 MiB, 2 GiB disk

@@ -1,4 +1,5 @@
-"""Consolidation (issue 11): one pass of sbx.control.consolidate.Consolidator on a control plane driving two fake
+"""Consolidation (issue 11): one pass of sbx.control.cluster.consolidate.Consolidator on a control plane driving two
+fake
 nodes (the embedded ``fake`` and an added ``fake2``): what it plans from the store and the registry, the drain it
 starts (reason ``consolidation`` in the record), and a drain that leaves a sandbox behind: the node is uncordoned
 and held back, and the plan says why."""
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control.consolidate import Consolidator
+from sbx.control.cluster.consolidate import Consolidator
 from sbx.node.types import NodeError
 from tests.fakes import two_node_plane, wait_until
 

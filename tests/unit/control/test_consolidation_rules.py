@@ -1,4 +1,4 @@
-"""Consolidation (issue 11): the rules of sbx.control.packing.plan on hand-made node loads (which node is light,
+"""Consolidation (issue 11): the rules of sbx.control.cluster.packing.plan on hand-made node loads (which node is light,
 which one is emptied, where each sandbox goes, and when nothing happens), and the store's consolidated mark."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sbx.config import Size
-from sbx.control.packing import Held, NodeLoad, Rules, plan
-from sbx.control.store import Store, utcnow
+from sbx.control.cluster.packing import Held, NodeLoad, Rules, plan
+from sbx.control.store.database import Store, utcnow
 
 SMALL = Size("small", 2, 256, 2048)
 BIG = Size("large", 8, 1024, 4096)

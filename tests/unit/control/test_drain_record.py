@@ -1,5 +1,5 @@
 """Drain records (issue 11): a drain's record is a ``drains`` row written at every step, so another replica (here a
-second :class:`sbx.control.drain.Drains` on the same store) answers for it, and a drain left ``draining`` by a
+second :class:`sbx.control.cluster.drain.Drains` on the same store) answers for it, and a drain left ``draining`` by a
 server that was killed is taken over by :meth:`Drains.resume_orphans` (what a server's start and every orphan sweep
 call) and finishes what was left, counting the takeover in ``resumes``."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control.drain import DrainRow, Drains
-from sbx.control.store import iso, utcnow
+from sbx.control.cluster.drain import DrainRow, Drains
+from sbx.control.store.database import iso, utcnow
 from tests.fakes import two_node_plane, wait_until
 
 

@@ -1,4 +1,4 @@
-"""A new sandbox that is to get secrets goes only to a node that runs an egress proxy (sbx.control.planebase
+"""A new sandbox that is to get secrets goes only to a node that runs an egress proxy (sbx.control.sandboxes.planebase
 ``_place(egress=True)``), so its secrets can be bound there and the create never answers 409 after making it; with
 no such node it is refused and nothing is created. Two fake nodes (tests.fakes.two_node_plane)."""
 

@@ -1,5 +1,6 @@
 """An exec of a running sandbox reads its row once (issue 13: each read is ~0.3 ms of a ~10 ms round trip): the
-check that it runs (:meth:`sbx.control.planebase.PlaneBase.wait_running`) hands the row's node to the exec, which
+check that it runs (:meth:`sbx.control.sandboxes.planebase.PlaneBase.wait_running`) hands the row's node to the exec,
+which
 goes straight to that node. Two fake nodes (tests.fakes.two_node_plane), so the exec must reach the right one."""
 
 from __future__ import annotations

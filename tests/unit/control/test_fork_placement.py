@@ -1,5 +1,5 @@
-"""A fork when its source's node is full (issue 10 item 4): the rule of sbx.control.placement.choose_fork on
-hand-made candidates, and the control plane's fork made on the source's node and moved (sbx.control.forking)
+"""A fork when its source's node is full (issue 10 item 4): the rule of sbx.control.cluster.placement.choose_fork on
+hand-made candidates, and the control plane's fork made on the source's node and moved (sbx.control.sandboxes.forking)
 with two fake nodes and a fake move."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from sbx.control import forking, placement
-from sbx.control.capacity import HostResources
+from sbx.control.cluster import placement
+from sbx.control.cluster.capacity import HostResources
 from sbx.control.errors import ControlError
+from sbx.control.sandboxes import forking
 from sbx.node.types import NodeError
 from tests.fakes import FakeNode, _Box, fake_settings, wait_until
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control.pricing import Interval, Pricing, report
+from sbx.control.accounts.pricing import Interval, Pricing, report
 from sbx.control.service import ControlPlane
 from tests.fakes import FakeNode, make_control
 

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control.dblocks import LeaderLock, SandboxLocks
 from sbx.control.errors import ControlError
-from sbx.control.state import Lifecycle
-from sbx.control.store import SandboxRow, Store, utcnow
+from sbx.control.store.database import SandboxRow, Store, utcnow
+from sbx.control.store.locks import LeaderLock, SandboxLocks
+from sbx.control.store.state import Lifecycle
 from tests.fakes import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from sbx.control.store import Store
-    from sbx.control.dblocks import LeaderLock, SandboxLocks
+    from sbx.control.store.database import Store
+    from sbx.control.store.locks import LeaderLock, SandboxLocks
     store = Store(sys.argv[1])
     if sys.argv[2] == "sandbox":
         with SandboxLocks(store.engine).hold(sys.argv[3], timeout=60) as held:

@@ -1,5 +1,5 @@
 """Placement (issue 10): which node a new sandbox, a fork or a resume goes to, with the rules of
-sbx.control.placement on hand-made candidates and on a control plane driving two fake nodes."""
+sbx.control.cluster.placement on hand-made candidates and on a control plane driving two fake nodes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sbx.control import placement
-from sbx.control.capacity import HostResources
+from sbx.control.cluster import placement
+from sbx.control.cluster.capacity import HostResources
 from sbx.control.errors import ControlError
 from tests.fakes import FakeNode, fake_settings, two_node_plane, wait_until
 
@@ -124,7 +124,7 @@ def test_a_move_off_a_node_never_stays_and_a_live_one_needs_a_matching_cpu(tmp_p
 
 def test_a_live_migration_commits_the_node_or_leaves_the_sandbox_running_on_its_source(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sbx.control import migrating
+    from sbx.control.sandboxes import migrating
     from sbx.node.types import NodeError
 
     with two_node_plane(tmp_path) as (cp, one, two):
@@ -190,7 +190,7 @@ def test_a_move_on_its_way_counts_against_its_destination(tmp_path: Path, monkey
     last room); once committed it counts there once, and a failed move gives the room back."""
     import threading
 
-    from sbx.control import migrating
+    from sbx.control.sandboxes import migrating
     from sbx.node.types import NodeError
 
     def committed(cp: object) -> dict[str, int]:

@@ -13,7 +13,7 @@ import pytest
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
 from sbx.control.service import ControlPlane
-from sbx.control.store import EventRow, SandboxRow, Store, utcnow
+from sbx.control.store.database import EventRow, SandboxRow, Store, utcnow
 from tests.fakes import FakeNode, fake_settings, make_control, wait_until
 
 

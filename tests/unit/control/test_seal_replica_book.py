@@ -1,4 +1,5 @@
-"""Seal replicas in the store (issue 10, sbx.control.replicas): a replica row is written only for the seal it was
+"""Seal replicas in the store (issue 10, sbx.control.cluster.replicas): a replica row is written only for the seal it
+was
 copied from, any state change forgets it, and a resume whose node is unreachable is placed on the replica's node
 (its memory kept when the fingerprints match), on two fake nodes."""
 

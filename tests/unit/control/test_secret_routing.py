@@ -1,4 +1,4 @@
-"""Which node's egress proxy may learn which sandbox's secrets (sbx.control.secretnodes), with a control plane on
+"""Which node's egress proxy may learn which sandbox's secrets (sbx.control.secrets.nodes), with a control plane on
 two fake nodes: a question is answered only for a sandbox the store places on the asking node; bindings follow a
 sandbox to its new node; a node without a proxy refuses a binding by name."""
 

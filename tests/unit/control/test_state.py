@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from sbx.control.errors import ControlError
-from sbx.control.state import STABLE, STATES, TRANSIENT, TRANSITIONS, Lifecycle, can_transition
-from sbx.control.store import SandboxRow, Store, utcnow
+from sbx.control.store.database import SandboxRow, Store, utcnow
+from sbx.control.store.state import STABLE, STATES, TRANSIENT, TRANSITIONS, Lifecycle, can_transition
 
 
 def _row(store: Store, state: str = "running", sid: str = "sb_aaaaaaaaaa") -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
-from sbx.control import words
-from sbx.control.ids import ID_RE, new_sandbox_id, new_subdomain, sandbox_url
-from sbx.control.store import Store, iso, utcnow
+from sbx.control.store import words
+from sbx.control.store.database import Store, iso, utcnow
+from sbx.control.store.ids import ID_RE, new_sandbox_id, new_subdomain, sandbox_url
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
@@ -75,7 +75,7 @@ def test_snapshot_labels_migration_names_old_snapshots_by_their_key(tmp_path: Pa
     """0009: a snapshot stored before labels keeps its name: its label is its key, found within its account."""
     from alembic import command
 
-    from sbx.control.store import alembic_config
+    from sbx.control.store.database import alembic_config
 
     url = f"sqlite:///{tmp_path / 'sbx.db'}"
     command.upgrade(alembic_config(url), "head")

@@ -1,5 +1,5 @@
-"""A create takes the warm sandbox of the node it is placed on (sbx.control.operations ``_warm_sandbox``,
-sbx.node.warmpool): the new row gets that sandbox's id and the node's create is sent with it; a create placed
+"""A create takes the warm sandbox of the node it is placed on (sbx.control.sandboxes.operations ``_warm_sandbox``,
+sbx.node.memory.warmpool): the new row gets that sandbox's id and the node's create is sent with it; a create placed
 elsewhere, a ``--cold`` or ``--from`` create, and a create the plan refuses take none. Two fake nodes
 (tests.fakes.two_node_plane)."""
 

@@ -1,4 +1,4 @@
-"""What a restore asks of the restored sandbox before it answers (sbx.node.memcopy ``_after_restore``): a fork's
+"""What a restore asks of the restored sandbox before it answers (sbx.node.memory.memcopy ``_after_restore``): a fork's
 memory holds its source's running sshd, with the source's host keys, so the restart of sbx-identity and ssh is
 queued before the restore returns; a sandbox from a template (no sshd, no keys) gets it from a thread once the
 operation has answered, its record saying so until then. The runtime is not involved (the commands are recorded)."""
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sbx.node import memcopy
+from sbx.node.memory import memcopy
 
 
 class Restored(memcopy.MemoryCopyMixin):

@@ -1,4 +1,4 @@
-"""The host's apt sources (sbx.node.aptsources): both formats, the mirror for a suite, the lines an image build
+"""The host's apt sources (sbx.node.host.aptsources): both formats, the mirror for a suite, the lines an image build
 gets, and a clear error when no mirror is listed."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node import aptsources
-from sbx.node.aptsources import NoMirror
+from sbx.node.host import aptsources
+from sbx.node.host.aptsources import NoMirror
 
 ONE_LINE = """\
 # a comment line

@@ -1,4 +1,5 @@
-"""The node's bridge keeps one MAC address while sandbox ports come and go (sbx.node.network.bridge_mac). A bridge
+"""The node's bridge keeps one MAC address while sandbox ports come and go (sbx.node.network.bridge.bridge_mac). A
+bridge
 with no address of its own takes its lowest port's and changes it at every join and leave, so every sandbox's
 cached gateway MAC went stale for a while: a live migration's resets were dropped on the old MAC and the peer hung.
 Runs the node's real ensure_bridge in a throwaway network namespace (``unshare --net``; root needed)."""
@@ -14,7 +15,7 @@ from pathlib import Path
 SCRIPT = r"""
 import json
 from pyroute2 import IPRoute
-from sbx.node import network
+from sbx.node.network import bridge as network
 
 network.ensure_bridge("sbxmac0", "10.66.0.0/16", "macnode")
 seen = []
@@ -44,6 +45,6 @@ def test_the_bridge_mac_stays_while_ports_join_and_leave() -> None:
                        timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert p.returncode == 0, p.stderr
     seen = json.loads(p.stdout.strip().splitlines()[-1])
-    from sbx.node.network import bridge_mac
+    from sbx.node.network.bridge import bridge_mac
 
     assert seen == [bridge_mac("sbxmac0")] * 5, seen

@@ -1,4 +1,5 @@
-"""Cgroup delegation (:mod:`sbx.node.cgdelegate`) on a fake cgroup v1 tree, uid ranges taken by node records, and
+"""Cgroup delegation (:mod:`sbx.node.lifecycle.cgdelegate`) on a fake cgroup v1 tree, uid ranges taken by node records,
+and
 the mount targets precreated for runc's restore."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node import cgdelegate, guestfs
-from sbx.node.rootfs import taken_uid_bases
+from sbx.node.lifecycle import cgdelegate, guestfs
+from sbx.node.lifecycle.rootfs import taken_uid_bases
 from sbx.runtime.oci import ContainerSpec, build_config, mount_targets
 from sbx.storage import idmap
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sbx.config import load_settings
-from sbx.node import egress, network
+from sbx.node.network import bridge as network
+from sbx.node.network import egress
 
 
 def test_parse_allow_normalises_and_names_the_bad_item() -> None:
@@ -84,7 +85,7 @@ def test_rulesets_pass_nft_check() -> None:
 
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nft is a host package of sbx setup")
 def test_nft_batches_apply_whole_or_not_at_all() -> None:
-    from sbx.node import nft
+    from sbx.node.network import nft
 
     table = f"sbxunit_{os.getpid()}"
     try:

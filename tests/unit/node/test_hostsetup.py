@@ -1,4 +1,4 @@
-"""Host setup (sbx.node.hostsetup, sbx.node.criuinstall): package detection, the private apt configuration, CRIU
+"""Host setup (sbx.node.host.setup, sbx.node.host.criuinstall): package detection, the private apt configuration, CRIU
 wrappers, the sid install and doctor."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from sbx.config import Settings
-from sbx.node import criuinstall, hostsetup
-from sbx.node.hostsetup import Check
+from sbx.node.host import criuinstall
+from sbx.node.host import setup as hostsetup
+from sbx.node.host.setup import Check
 
 
 def test_missing_packages_uses_dpkg() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from sbx.config import Settings
 from sbx.guest import recipe
-from sbx.node import image
+from sbx.node.host import image
 from sbx.storage import locks
 
 

@@ -1,4 +1,4 @@
-"""Kernel limits for many sandboxes (sbx.node.limits) against a fake /proc/sys and sysctl.d folder."""
+"""Kernel limits for many sandboxes (sbx.node.host.limits) against a fake /proc/sys and sysctl.d folder."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node import limits
+from sbx.node.host import limits
 
 
 def _proc(tmp: Path, values: dict[str, int]) -> Path:

@@ -1,4 +1,5 @@
-"""The source's ask for the destination's page server (sbx.node.migration.page_server): the address it gives, and
+"""The source's ask for the destination's page server (sbx.node.migration.outgoing.page_server): the address it gives,
+and
 the fallback to streaming the pages when the destination is of an earlier version."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sbx.node import migration
+from sbx.node.migration import outgoing as migration
 
 
 def client(handler: httpx.MockTransport) -> httpx.Client:

@@ -1,4 +1,4 @@
-"""sbx.node.netlink.dump: an interrupted netlink dump is read again (CI: a reconcile failed with "dump
+"""sbx.node.network.netlink.dump: an interrupted netlink dump is read again (CI: a reconcile failed with "dump
 interrupted" while other servers made veths)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkDumpInterrupted
 
-from sbx.node import netlink
+from sbx.node.network import netlink
 
 
 def test_an_interrupted_dump_is_read_again_and_a_lasting_one_raises() -> None:

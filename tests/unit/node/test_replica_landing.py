@@ -1,4 +1,4 @@
-"""The landing side of a seal replica (sbx.node.replicas): files are hash-checked as they land, the replica
+"""The landing side of a seal replica (sbx.node.migration.replicas): files are hash-checked as they land, the replica
 becomes whole in one rename only once every file is there, an unfinished one (a copy cut by a crash) is listed as
 not whole so the control plane drops it, and ``drop_replica`` removes both."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sbx.node.replicas import ReplicaMixin
+from sbx.node.migration.replicas import ReplicaMixin
 from sbx.node.types import NodeError
 
 SID = "sb_abcdefghij"

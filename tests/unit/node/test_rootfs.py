@@ -1,6 +1,7 @@
-"""The disk's two mounts (:func:`sbx.node.rootfs.mount_root` / :func:`~sbx.node.rootfs.umount_root`) on a real
+"""The disk's two mounts (:func:`sbx.node.lifecycle.rootfs.mount_root` /
+:func:`~sbx.node.lifecycle.rootfs.umount_root`) on a real
 small ext4 image: made, repaired after a crash left one of them, and taken down with the loop device; the folder
-permissions of :func:`~sbx.node.rootfs.make_private`."""
+permissions of :func:`~sbx.node.lifecycle.rootfs.make_private`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node import rootfs
+from sbx.node.lifecycle import rootfs
 from sbx.storage import idmap, mounts
 
 

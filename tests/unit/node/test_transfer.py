@@ -1,4 +1,4 @@
-"""The landing side of a stopped sandbox's move (sbx.node.transfer): every file is hashed as it is written and
+"""The landing side of a stopped sandbox's move (sbx.node.migration.transfer): every file is hashed as it is written and
 refused when its bytes differ from the manifest's (nothing is left of it), a name outside the manifest is refused,
 and the base image's content digest sees a change of one byte (not only of the length)."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sbx.node.transfer import TransferMixin, image_digest
+from sbx.node.migration.transfer import TransferMixin, image_digest
 from sbx.node.types import NodeError
 
 

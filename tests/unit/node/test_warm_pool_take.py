@@ -1,4 +1,4 @@
-"""The warm sandboxes' bookkeeping (sbx.node.warmpool): each is handed to one create only, also under concurrent
+"""The warm sandboxes' bookkeeping (sbx.node.memory.warmpool): each is handed to one create only, also under concurrent
 takes; an unknown size gets none; a taken one no create claims is deleted a minute later; a create that can't use
 its warm sandbox deletes it; a reconcile or a shutdown deletes them all. The runtime is not involved (the delete is
 recorded)."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sbx.config import load_settings
-from sbx.node import warmpool
+from sbx.node.memory import warmpool
 from sbx.node.types import SandboxSpec
 
 
@@ -93,6 +93,6 @@ def test_forget_deletes_every_warm_sandbox_ready_or_taken(tmp_path: Path) -> Non
 
 
 def test_warm_sandbox_ids_have_the_control_planes_form() -> None:
-    from sbx.control.ids import ID_RE
+    from sbx.control.store.ids import ID_RE
 
     assert all(ID_RE.match(warmpool._new_id()) for _ in range(200))

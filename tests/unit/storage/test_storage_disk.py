@@ -163,7 +163,7 @@ def test_clone_disk_with_explicit_mountpoint_must_be_mounted(work: Path, base_im
 def test_clone_disk_can_leave_the_new_uuid_for_later(work: Path, base_image: Path,
                                                     mnt: Callable[[str], Path]) -> None:
     """A fork with memory copies the frozen disk first and gives the copy its UUID beside CRIU's dump
-    (sbx.node.memcopy): ``fresh_uuid=False`` copies only, :func:`disk.new_uuid` later gives the copy its own."""
+    (sbx.node.memory.memcopy): ``fresh_uuid=False`` copies only, :func:`disk.new_uuid` later gives the copy its own."""
     src = disk.create_disk(base_image, work / "src.ext4", 128)
     m = mnt("src")
     disk.mount(src, m)
