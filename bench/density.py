@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from bench.report import Row
-from sbx.node.lifecycle import cgroup
+from sbx.node.container import cgroup
 from sbx.sdk import SbxError
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@
   ``bundles/<id>/rootfs`` (the container's root: owners shifted into the sandbox's own host uid range).
 
 uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range of its own (``uidBase`` in
-``node.json``; :mod:`sbx.node.lifecycle.rootfs`). Records made before shifted maps have no ``uidBase``: they keep the
+``node.json``; :mod:`sbx.node.container.rootfs`). Records made before shifted maps have no ``uidBase``: they keep the
 identity map while their memory image is restored and get a range of their own at their next cold boot.
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from sbx.node.exec.jobs import ExecMixin
 from sbx.node.lifecycle.containers import LifecycleMixin
+from sbx.node.lifecycle.egressnode import EgressMixin
 from sbx.node.lifecycle.reconcile import ReconcileMixin
 from sbx.node.lifecycle.snapshots import SnapshotMixin
 from sbx.node.lifecycle.stats import StatsMixin
@@ -54,7 +55,6 @@ from sbx.node.memory.templates import TemplateMixin
 from sbx.node.memory.warmpool import WarmPoolMixin
 from sbx.node.migration.outgoing import MigrationMixin
 from sbx.node.migration.replicas import ReplicaMixin
-from sbx.node.network.egressnode import EgressMixin
 
 
 class LocalNode(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sbx.config import Settings, Size
-from sbx.node.lifecycle import cgdelegate, cgroup, lxcfs, recovery, rootfs, watch
+from sbx.node.container import cgdelegate, cgroup, lxcfs, recovery, rootfs, watch
 from sbx.node.network import bridge as network
 from sbx.node.network import egress, hookd
 from sbx.node.network.egressproxy import EgressProxy
@@ -259,7 +259,7 @@ class NodeBase:
         file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
         unmount, and the loop device then detaches lazily). Copies of the mount that other mount namespaces still
         hold after 0.5 s (at once with ``wait`` 0, a delete's: it doesn't wait for the loop device) are unmounted
-        there (:func:`sbx.node.lifecycle.rootfs.release_holders`)."""
+        there (:func:`sbx.node.container.rootfs.release_holders`)."""
         rootfs.umount_root(self._disk(sid), self._rootfs(sid))
         start = time.monotonic()
         released = False
@@ -295,7 +295,7 @@ class NodeBase:
 
     def _memory_usable(self, sid: str) -> bool:
         """True when the sandbox has a complete memory image (``host.json`` written) of its disk's current
-        generation (:mod:`sbx.node.lifecycle.recovery`)."""
+        generation (:mod:`sbx.node.container.recovery`)."""
         mem = self._memory(sid)
         if criu.read_fingerprint(mem) is None:
             return False

@@ -50,7 +50,7 @@ class ResumeResult:
 
     ``memory_restored`` is True when CRIU restored the processes; otherwise the sandbox cold-booted from its
     disk and ``reason`` says why (``"resized"``, ``"cpu_mismatch"``, ``"restore_failed"``, ``"no_checkpoint"``,
-    ``"stale_checkpoint"``: the image belongs to an older disk generation, see :mod:`sbx.node.lifecycle.recovery`);
+    ``"stale_checkpoint"``: the image belongs to an older disk generation, see :mod:`sbx.node.container.recovery`);
     ``error`` keeps the restore error text when there was one.
     """
 

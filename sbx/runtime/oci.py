@@ -8,7 +8,7 @@ what was measured to let CRIU checkpoint such a container on this kernel (``shar
   lacking ``CAP_SYS_RESOURCE``) whose map shifts sandbox uids/gids 0..65535 to the sandbox's own host range
   ``uid_base``.. (issue 17: the sandbox's root is no uid the host knows); the root path is an idmapped mount of
   the disk (:mod:`sbx.storage.idmap`) and the prestart hook delegates the cgroups
-  (:mod:`sbx.node.lifecycle.cgdelegate`);
+  (:mod:`sbx.node.container.cgdelegate`);
 - runc creates the network namespace itself and a ``prestart`` hook wires the veth, because runc runs the
   hook again on restore (a netns made with ``ip netns add`` does not mix with a user namespace);
 - ``container=oci`` in the environment and SIGRTMIN+3 (37) to ask systemd to halt;

@@ -2,7 +2,7 @@
 on, and a container whose halt began is never checkpointed, on real sandboxes through the real server and CLI.
 
 The server is tests/e2e/faultsrv.py's (node/bridge/subnet from SBX_FAULT_NODE / _BRIDGE / _SUBNET). Two test-only
-switches of the node (sbx.node.lifecycle.recovery) make the windows deterministic: ``SBX_TEST_HOLD_RESTORE`` holds a
+switches of the node (sbx.node.container.recovery) make the windows deterministic: ``SBX_TEST_HOLD_RESTORE`` holds a
 resume
 after CRIU restored the container and before the image is discarded (marker ``<sandbox dir>/restore-hold``), and
 ``SBX_TEST_FAIL_CHECKPOINT=1`` makes a stop's memory save fail so the node halts the container instead.

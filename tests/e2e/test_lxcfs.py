@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node.lifecycle import lxcfs
+from sbx.node.container import lxcfs
 
 pytestmark = pytest.mark.e2e
 

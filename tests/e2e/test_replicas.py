@@ -72,7 +72,7 @@ def info(fs: FaultServer, sid: str) -> dict:  # type: ignore[type-arg]
 
 def held(node: NodeHost, sid: str, name: str) -> bool:
     """Whether the node's test hold ``name`` (``stop``, ``restore``, ``frozen``) is pausing ``sid`` now: its marker
-    file exists (sbx.node.lifecycle.recovery; sbx.storage.disk puts the freeze's beside the mount point in the
+    file exists (sbx.node.container.recovery; sbx.storage.disk puts the freeze's beside the mount point in the
     bundle)."""
     if name == "frozen":
         return bool(glob.glob(str(Path("/run/sbx") / node.node_name / "bundles" / sid / "*.frozen-hold")))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings
+from sbx.node.container import lxcfs
 from sbx.node.host import image as image_mod
 from sbx.node.host import limits
 from sbx.node.host.criuinstall import (
@@ -37,7 +38,6 @@ from sbx.node.host.criuinstall import (
     run_step,
     version_tuple,
 )
-from sbx.node.lifecycle import lxcfs
 
 #: Debian packages the host needs (runc; image build; disks and the XFS volume; networking; uid maps).
 HOST_PACKAGES = (

@@ -23,7 +23,7 @@ from typing import Any
 
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import guestfs, lxcfs, rootfs
+from sbx.node.container import guestfs, lxcfs, rootfs
 from sbx.node.network import bridge as network
 from sbx.node.network import egress
 from sbx.node.types import NodeError, SandboxSpec
@@ -114,7 +114,7 @@ class LifecycleMixin(NodeBase):
 
     def _write_identity(self, sid: str, hostname: str, fresh: bool) -> None:
         """Write hostname, hosts, resolv.conf (and, for a new identity, machine-id and /etc/sbx/identity) into
-        the mounted disk, never following the guest's symlinks (:mod:`sbx.node.lifecycle.guestfs`)."""
+        the mounted disk, never following the guest's symlinks (:mod:`sbx.node.container.guestfs`)."""
         root = self._hostroot(sid)
         guestfs.write_file(root, "etc/hostname", f"{hostname}\n".encode())
         guestfs.write_file(
@@ -206,7 +206,7 @@ class LifecycleMixin(NodeBase):
     @contextmanager
     def mounted_root(self, sid: str) -> Iterator[Path]:
         """The host path of a running sandbox's root filesystem, unshifted (owners as on disk: the sandbox's root
-        is 0 there); read and write it with :mod:`sbx.node.lifecycle.guestfs` only."""
+        is 0 there); read and write it with :mod:`sbx.node.container.guestfs` only."""
         self._require_running(sid)
         yield self._hostroot(sid)
 

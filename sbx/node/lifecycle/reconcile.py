@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import cgroup, recovery
+from sbx.node.container import cgroup, recovery
 from sbx.node.network import bridge as network
 from sbx.node.types import NodeStatus
 from sbx.runtime.runc import kill_process_group

@@ -88,7 +88,7 @@ class SnapshotMixin(NodeBase):
         when it is mounted (``mounted``: it must be, else ``not_mounted``); the copy gets a new ext4 UUID unless
         ``fresh_uuid`` is false (:func:`sbx.storage.disk.clone_disk`). A ``freezing`` intent (the mount point) is
         in the record while it may be frozen, so a reconcile after a crash in that window thaws it
-        (:mod:`sbx.node.lifecycle.recovery`). Raises ``StorageError``."""
+        (:mod:`sbx.node.container.recovery`). Raises ``StorageError``."""
         mp = disks.mounted_at(self._disk(sid))
         if mp is None and mounted:
             raise StorageError("not_mounted", f"the disk of {sid} is not mounted")

@@ -1,7 +1,7 @@
 """What a sandbox is and uses: :class:`StatsMixin`.
 
 Its status (running, checkpointed, stopped, absent) and resource samples: memory, CPU, in-sandbox disk use, OOM
-kills (cgroup counters, :mod:`sbx.node.lifecycle.cgroup`) and the disk image's allocated and unique bytes on the volume
+kills (cgroup counters, :mod:`sbx.node.container.cgroup`) and the disk image's allocated and unique bytes on the volume
 (FIEMAP, :mod:`sbx.storage.space`).
 """
 
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import cgroup
+from sbx.node.container import cgroup
 from sbx.node.types import NodeInfo, NodeStatus, Stats
 from sbx.runtime import criu
 from sbx.storage import space

@@ -1,6 +1,6 @@
 """Noticing running sandboxes whose init ended on its own: :class:`WatchMixin`.
 
-The watcher thread (:mod:`sbx.node.lifecycle.watch`) runs a pass about once a second: OOM kills in child cgroups are
+The watcher thread (:mod:`sbx.node.container.watch`) runs a pass about once a second: OOM kills in child cgroups are
 counted, and a sandbox whose init is gone is settled (container, veth and cgroups removed, disk unmounted and
 sealed, phase ``stopped`` with the reason: power-off, reboot or crash) and reported through ``on_exit``.
 """
@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import cgroup, guestfs, watch
+from sbx.node.container import cgroup, guestfs, watch
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.node")
@@ -29,7 +29,7 @@ class WatchMixin(NodeBase):
 
     def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
         """Start noticing running sandboxes whose init ended on its own (checked about once a second, see
-        :mod:`sbx.node.lifecycle.watch`). For each, the node removes the container, its veth and cgroups, unmounts the
+        :mod:`sbx.node.container.watch`). For each, the node removes the container, its veth and cgroups, unmounts the
         disk
         (kept, no memory image) and calls ``on_exit(id, kind, detail)`` with ``kind`` ``"poweroff"`` (power-off
         or halt inside), ``"reboot"`` (reboot inside: the caller should boot it again) or ``"crashed"`` (init

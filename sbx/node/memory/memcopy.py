@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import cgroup, recovery
+from sbx.node.container import cgroup, recovery
 from sbx.node.memory.stopresume import SETTLE_SECONDS, settling
 from sbx.node.steps import Beside, Steps
 from sbx.node.types import NodeError, SandboxSpec
@@ -226,7 +226,7 @@ class MemoryCopyMixin(NodeBase):
             old_base = self._uid_base(source_id)
             # CRIU can't dump a connection to the host: shut the exec channel's ones first (sbx.node.exec.attached)
             self._quiesce_channel(source_id)
-            # the freezer written directly (~1 ms; sbx.node.lifecycle.cgroup.freeze, as a stop does) rather than through
+            # the freezer written directly (~1 ms; sbx.node.container.cgroup.freeze, as a stop does) rather than through
             # `runc pause`/`runc resume` (a runc process each, 5-40 ms here); runc's own pause when that fails
             by_runc = not cgroup.freeze(self._cgroup_path(source_id))
             if by_runc:

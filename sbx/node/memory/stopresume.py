@@ -2,7 +2,7 @@
 
 A stop checkpoints the container with CRIU (memory kept) or halts it, then unmounts and seals the disk; a resume
 restores the memory image when it is usable and matches this host, else cold boots from the disk. Crash safety
-of both rests on the record's ``phase``, ``diskGen`` and ``haltBegun`` (:mod:`sbx.node.lifecycle.recovery`).
+of both rests on the record's ``phase``, ``diskGen`` and ``haltBegun`` (:mod:`sbx.node.container.recovery`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import cgroup, recovery
+from sbx.node.container import cgroup, recovery
 from sbx.node.steps import Steps
 from sbx.node.types import NodeError, ResumeResult, SandboxSpec, StopResult
 from sbx.runtime import criu
@@ -49,7 +49,7 @@ class StopResumeMixin(NodeBase):
         """Checkpoint (``keep_memory``) or halt the container, then unmount and seal the disk.
 
         Crash safety: the record gets phase ``stopping`` and a bumped ``diskGen`` (the generation this stop
-        seals, which the memory image records; :mod:`sbx.node.lifecycle.recovery`) before CRIU starts, and ``haltBegun``
+        seals, which the memory image records; :mod:`sbx.node.container.recovery`) before CRIU starts, and ``haltBegun``
         before a halt starts, so reconcile never checkpoints a container that is half shut down."""
         st = Steps("stop", id)
         with self._lock(id):
@@ -81,7 +81,7 @@ class StopResumeMixin(NodeBase):
                 self._quiesce_channel(id)  # CRIU can't dump a connection to the host
                 st.mark("quiesce")
                 # frozen here in ~1 ms instead of by CRIU, which polls the freezer in 100 ms steps
-                # (sbx.node.lifecycle.cgroup)
+                # (sbx.node.container.cgroup)
                 frozen = cgroup.freeze(self._cgroup_path(id))
                 st.mark("freeze")
                 try:

@@ -34,8 +34,8 @@ from typing import Any
 
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import cgroup
-from sbx.node.remote.filestream import Unpacker
+from sbx.node.container import cgroup
+from sbx.node.migration.filestream import Unpacker
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime import criu, criuimages
 from sbx.runtime.base import RuntimeError_

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
+from sbx.node.migration import filestream
 from sbx.node.migration.incoming import IncomingMixin
-from sbx.node.remote import filestream
 from sbx.node.steps import Beside
 from sbx.node.types import NodeError
 from sbx.runtime import criuimages

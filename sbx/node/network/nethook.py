@@ -1,7 +1,7 @@
 """OCI ``prestart`` hook of a sandbox: ``python -m sbx.node.network.nethook LEASE_FILE BRIDGE NODE [CGROUP_PATH
 UID_BASE]``.
 
-It hands the container its cgroups (:func:`sbx.node.lifecycle.cgdelegate.delegate` to host uid/gid ``UID_BASE``, the
+It hands the container its cgroups (:func:`sbx.node.container.cgdelegate.delegate` to host uid/gid ``UID_BASE``, the
 sandbox's shifted root; skipped for ``UID_BASE`` 0, the identity map) and wires its network (pinned by node
 ``NODE``'s bridge rules).
 
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from sbx.node.lifecycle.cgdelegate import delegate
+from sbx.node.container.cgdelegate import delegate
 from sbx.node.network.bridge import lease_from_json, wire_sandbox
 
 

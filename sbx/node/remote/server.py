@@ -16,7 +16,7 @@ has the shapes):
 - ``/v1/node/migrate/<id>/...``: a sandbox arriving from another node (:mod:`sbx.node.migration.incoming`). These take
   ``Authorization: Bearer <migration ticket>`` instead of the node token: the one-time ticket ``migrate_prepare``
   gave for that sandbox, so the source node sends its files here without knowing this node's token.
-  ``PUT .../base|final|memory`` (a :mod:`sbx.node.remote.filestream` body), ``POST .../pages`` (``{"address",
+  ``PUT .../base|final|memory`` (a :mod:`sbx.node.migration.filestream` body), ``POST .../pages`` (``{"address",
   "port"}`` of a page server for the memory dump, for the caller's address only), ``POST .../restore``, ``POST
   .../confirm``, ``POST .../abort``, ``GET ...`` (``{"state"}``). Errors: 401 ``unauthorized`` (no such
   arrival or a wrong ticket), 400 ``bad_stream``, 409 a :class:`sbx.node.types.NodeError`.
@@ -49,9 +49,9 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from sbx.node.migration.filestream import StreamError
 from sbx.node.remote import wire
 from sbx.node.remote.egresslink import EgressLink, egress_routes
-from sbx.node.remote.filestream import StreamError
 from sbx.node.remote.relay import make_handler
 from sbx.node.remote.streams import exec_lines, relay_process
 from sbx.node.types import NodeAgent, NodeError

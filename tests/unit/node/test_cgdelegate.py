@@ -1,4 +1,4 @@
-"""Cgroup delegation (:mod:`sbx.node.lifecycle.cgdelegate`) on a fake cgroup v1 tree, uid ranges taken by node records,
+"""Cgroup delegation (:mod:`sbx.node.container.cgdelegate`) on a fake cgroup v1 tree, uid ranges taken by node records,
 and
 the mount targets precreated for runc's restore."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node.lifecycle import cgdelegate, guestfs
-from sbx.node.lifecycle.rootfs import taken_uid_bases
+from sbx.node.container import cgdelegate, guestfs
+from sbx.node.container.rootfs import taken_uid_bases
 from sbx.runtime.oci import ContainerSpec, build_config, mount_targets
 from sbx.storage import idmap
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node.lifecycle import cgroup
+from sbx.node.container import cgroup
 
 CG = "/sbx/n/sb_x"
 

@@ -1,4 +1,4 @@
-"""The file stream a sandbox's disk deltas and memory image cross between nodes in (sbx.node.remote.filestream):
+"""The file stream a sandbox's disk deltas and memory image cross between nodes in (sbx.node.migration.filestream):
 what goes in comes out byte for byte whatever the chunking, and a damaged, cut or hostile stream is refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node.remote.filestream import StreamError, Unpacker, pack
+from sbx.node.migration.filestream import StreamError, Unpacker, pack
 
 
 def _files(tmp: Path) -> list[Path]:

@@ -1,7 +1,7 @@
-"""The disk's two mounts (:func:`sbx.node.lifecycle.rootfs.mount_root` /
-:func:`~sbx.node.lifecycle.rootfs.umount_root`) on a real
+"""The disk's two mounts (:func:`sbx.node.container.rootfs.mount_root` /
+:func:`~sbx.node.container.rootfs.umount_root`) on a real
 small ext4 image: made, repaired after a crash left one of them, and taken down with the loop device; the folder
-permissions of :func:`~sbx.node.lifecycle.rootfs.make_private`."""
+permissions of :func:`~sbx.node.container.rootfs.make_private`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.node.lifecycle import rootfs
+from sbx.node.container import rootfs
 from sbx.storage import idmap, mounts
 
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sbx.node.lifecycle import guestfs
+from sbx.node.container import guestfs
 from sbx.runtime.oci import mount_targets
 from sbx.storage import disk as disks
 from sbx.storage import idmap, mounts
@@ -185,6 +185,6 @@ def release_holders(image: Path) -> list[str]:
 def precreate_mount_targets(host: Path, config: dict[str, Any]) -> None:
     """Make the mount targets of the OCI ``config`` on the plain mount ``host``: runc's restore creates missing ones
     as host root through the root path, which the idmapped view refuses (EOVERFLOW, measured for the LXCFS files
-    over ``/proc/*``). Raises :class:`sbx.node.lifecycle.guestfs.UnsafePath` or ``OSError``."""
+    over ``/proc/*``). Raises :class:`sbx.node.container.guestfs.UnsafePath` or ``OSError``."""
     for dest, is_file in mount_targets(config):
         guestfs.ensure_path(host, dest, is_file=is_file)

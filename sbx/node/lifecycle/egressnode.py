@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.node.agentbase import NodeBase
-from sbx.node.lifecycle import guestfs
+from sbx.node.container import guestfs
 from sbx.node.network.egressproxy import CA_BUNDLE_GUEST_PATH, CA_ENV, CA_GUEST_PATH
 from sbx.node.types import NodeError
 

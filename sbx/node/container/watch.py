@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-log = logging.getLogger("sbx.node.lifecycle.watch")
+log = logging.getLogger("sbx.node.container.watch")
 
 HOOK_PATH = "usr/lib/systemd/system-shutdown/sbx-shutdown-kind"
 KIND_FILE = "var/lib/sbx/shutdown-kind"
