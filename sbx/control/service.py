@@ -16,35 +16,45 @@ Errors are :class:`sbx.control.errors.ControlError`.
 
 The control plane is split by mechanism; :class:`ControlPlane` combines the parts:
 
-- :mod:`sbx.control.sandboxes.planebase`: shared state, sandbox views, events, the worker pool, lookups and waits;
+- :mod:`sbx.control.sandboxes.planebase`: shared state, sandbox views, events, the worker pool, lookups and waits
+  (with :mod:`sbx.control.sandboxes.admission`: placement's view of the nodes and the plans' limits);
 - :mod:`sbx.control.sandboxes.operations`: create, stop, resume (resize), fork, delete;
+- :mod:`sbx.control.sandboxes.moving`, :mod:`sbx.control.sandboxes.forking`: a resume or a fork on another node;
 - :mod:`sbx.control.sandboxes.migrating`: live migration of a running sandbox to another node;
-:mod:`sbx.control.cluster.drain`:
-  emptying a node;
 - :mod:`sbx.control.sandboxes.snapshotting`: named and automatic snapshots;
 - :mod:`sbx.control.sandboxes.execjobs`: execs and detached jobs;
-- :mod:`sbx.control.cluster.orphans`: operations a dead replica left in flight;
+- collaborators that take the plane as a narrow protocol of their own, made here: routes, files and secrets
+  (:mod:`sbx.control.sandboxes.routes`, :mod:`sbx.control.sandboxes.files`, :mod:`sbx.control.secrets.vault`),
+  node drains (:mod:`sbx.control.cluster.drain`) and the sweep of operations a dead replica left in flight
+  (:mod:`sbx.control.cluster.orphans`);
 - this module: start (reconcile with the node), settling a row after a crash, sandboxes that ended on their
-  own, close.
+  own, nodes added and removed, close.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from sbx.config import Settings
+from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.drain import Drains
 from sbx.control.cluster.orphans import OrphanSweeper
 from sbx.control.errors import ControlError
 from sbx.control.sandboxes.activity import Activity
 from sbx.control.sandboxes.execjobs import DEFAULT_EXEC_TIMEOUT, ExecOps
+from sbx.control.sandboxes.files import Files
 from sbx.control.sandboxes.operations import DEFAULT_TTL, LifecycleOps
 from sbx.control.sandboxes.planebase import START_WAIT
+from sbx.control.sandboxes.routes import Routes
 from sbx.control.sandboxes.snapshotting import SNAPSHOT_NAME_RE, SnapshotOps
 from sbx.control.sandboxes.views import job_view, snapshot_view
-from sbx.control.store.database import SandboxRow
-from sbx.node.types import NodeError
+from sbx.control.secrets.vault import Secrets
+from sbx.control.store.database import SandboxRow, Store
+from sbx.control.store.state import DEFAULT_WAIT
+from sbx.node.types import NodeAgent, NodeError
 
 log = logging.getLogger("sbx.control")
 
@@ -57,12 +67,27 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
 
     ``settings`` gives sizes, domain and defaults; ``node`` does the work; ``store`` defaults to a
     :class:`Store` at ``settings.db_url``; ``wait`` bounds how long a conflicting request waits for an operation in
-    flight (seconds). ``host`` measures the host for admission (default
-    :func:`sbx.control.cluster.capacity.probe_host`);
-    ``trim`` gives freed volume space back to the host (default :func:`sbx.storage.volume.trim_volume`, run by a
-    :class:`Trimmer`). Call :meth:`start` once (reconciles with the node), :meth:`close` at shutdown.
+    flight (seconds); ``workers`` sizes the pool that runs the long operations. ``host`` measures the host for
+    admission (default :func:`sbx.control.cluster.capacity.probe_host`); ``trim`` gives freed volume space back
+    to the host (default :func:`sbx.storage.volume.trim_volume`, run by a :class:`Trimmer`). Call :meth:`start`
+    once (reconciles with the node), :meth:`close` at shutdown.
     """
 
+    def __init__(
+        self,
+        settings: Settings,
+        node: NodeAgent,
+        store: Store | None = None,
+        wait: float = DEFAULT_WAIT,
+        workers: int = 8,
+        host: Callable[[], HostResources] | None = None,
+        trim: Callable[[int | None], int | None] | None = None,
+    ):
+        super().__init__(settings, node, store, wait, workers, host, trim)
+        # the collaborators that take the plane itself, each typed by its own protocol (which the plane satisfies)
+        self.routes = Routes(self)
+        self.files = Files(self)
+        self.secrets = Secrets(self)
 
     @functools.cached_property
     def drains(self) -> Drains:

@@ -43,21 +43,22 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import JSON, DateTime, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from sbx.config import Settings, Size
 from sbx.control.cluster import placement
+from sbx.control.cluster.registry import NodeRegistry
+from sbx.control.cluster.relocate import MIGRATE_WAIT
+from sbx.control.cluster.replicas import ReplicaBook
+from sbx.control.cluster.router import NodeRouter
 from sbx.control.errors import ControlError
-from sbx.control.sandboxes.migrating import MIGRATE_WAIT
-from sbx.control.store.database import Base, iso, utcnow
+from sbx.control.store.database import Base, SandboxRow, Store, iso, utcnow
 from sbx.control.store.locks import LeaderLock
-from sbx.control.store.state import TRANSIENT
+from sbx.control.store.state import TRANSIENT, Lifecycle
 from sbx.node.types import NodeError
-
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
 
 log = logging.getLogger("sbx.control")
 
@@ -80,10 +81,38 @@ class DrainRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
+class DrainPlane(Protocol):
+    """What a drain uses of its control plane (:class:`sbx.control.service.ControlPlane` is one): the nodes, the
+    store and lifecycle, placement's view of the nodes, and the two moves (live migration, a stopped sandbox's
+    move)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+    @property
+    def registry(self) -> NodeRegistry: ...
+    @property
+    def router(self) -> NodeRouter: ...
+    @property
+    def replicas(self) -> ReplicaBook: ...
+    @property
+    def migration_figures(self) -> dict[str, dict[str, Any]]: ...
+    def get(self, sandbox_id: str) -> SandboxRow: ...
+    def migrate(self, sandbox_id: str, wait: float | None = None, prefer: str | None = None,
+                reason: str | None = None, to: str | None = None) -> SandboxRow: ...
+    def _candidates(self, exclude: str | None = None) -> list[placement.Candidate]: ...
+    def _size(self, name: str) -> Size: ...
+    def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None,
+              replica: bool = False) -> None: ...
+
+
 class Drains:
     """The node drains of the installation, as this replica sees and runs them (module docstring). Thread-safe."""
 
-    def __init__(self, cp: ControlPlane):
+    def __init__(self, cp: DrainPlane):
         self.cp = cp
         self._guard = threading.Lock()
         self._local: dict[str, dict[str, Any]] = {}  # node -> the record of a drain this replica runs now

@@ -19,22 +19,41 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from sbx.control.store.state import TRANSIENT
-from sbx.node.types import NodeError
-
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
+from sbx.control.accounts.metering import Meter
+from sbx.control.cluster.drain import Drains
+from sbx.control.store.database import SandboxRow, Store
+from sbx.control.store.state import TRANSIENT, Lifecycle
+from sbx.node.types import NodeAgent, NodeError
 
 log = logging.getLogger("sbx.control")
+
+
+class SweptPlane(Protocol):
+    """What :class:`OrphanSweeper` uses of its control plane (:class:`sbx.control.service.ControlPlane` is one):
+    the store and lifecycle (whose operation locks say who owns what), the node, metering, the drains, and the
+    plane's own settling of a row after a crash."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+    @property
+    def node(self) -> NodeAgent: ...
+    @property
+    def meter(self) -> Meter: ...
+    @property
+    def drains(self) -> Drains: ...
+    def settle(self, row: SandboxRow, status: str) -> None: ...
+    def _locate_migrated(self, row: SandboxRow) -> str | None: ...
 
 
 class OrphanSweeper:
     """Settles what dead replicas left (see the module docstring). :meth:`sweep` once; :meth:`start` runs it
     every ``interval`` seconds in a thread until :meth:`stop`."""
 
-    def __init__(self, control: ControlPlane, interval: float = 3.0):
+    def __init__(self, control: SweptPlane, interval: float = 3.0):
         self.control = control
         self.interval = interval
         self._stop = threading.Event()

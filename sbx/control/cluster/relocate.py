@@ -20,6 +20,10 @@ from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.control")
 
+MIGRATE_WAIT = 600.0
+"""Seconds a drain waits for a sandbox's operation in flight, its live migration or the hold for its move
+(:mod:`sbx.control.cluster.drain`) before that sandbox fails with 409 busy."""
+
 
 def clear_stale(dst: Any, sandbox_id: str) -> None:
     """Delete node agent ``dst``'s copy of ``sandbox_id`` before the sandbox comes there: it is stale, since the

@@ -32,19 +32,19 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, String, delete, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from sbx.control.cluster.placement import fingerprint_matches
+from sbx.config import Settings
+from sbx.control.cluster.placement import Candidate, fingerprint_matches
+from sbx.control.cluster.registry import NodeRegistry
+from sbx.control.cluster.router import NodeRouter
 from sbx.control.store.database import Base, SandboxRow, Store, as_utc, utcnow
 from sbx.control.store.locks import LeaderLoop
 from sbx.control.store.state import TRANSIENT
 from sbx.node.types import NodeError
-
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
 
 log = logging.getLogger("sbx.replicas")
 
@@ -132,6 +132,23 @@ class ReplicaBook:
             s.execute(delete(LeftoverRow).where(LeftoverRow.sandbox_id == sandbox_id, LeftoverRow.node == node))
 
 
+class ReplicatedPlane(Protocol):
+    """What :class:`Replicator` uses of its control plane (:class:`sbx.control.service.ControlPlane` is one): the
+    store, settings, the nodes and placement's view of them, and the book of replicas."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def registry(self) -> NodeRegistry: ...
+    @property
+    def router(self) -> NodeRouter: ...
+    @property
+    def replicas(self) -> ReplicaBook: ...
+    def _candidates(self, exclude: str | None = None) -> list[Candidate]: ...
+
+
 class Replicator(LeaderLoop):
     """Runs :meth:`run_once` every ``period`` seconds (default ``settings.replicate_seconds``; 0: never), in a
     daemon thread between :meth:`start` and :meth:`stop`, while this replica leads the ``replicate`` duty
@@ -140,7 +157,7 @@ class Replicator(LeaderLoop):
     what = "replication"
     pass_log = log
 
-    def __init__(self, control: ControlPlane, period: float | None = None):
+    def __init__(self, control: ReplicatedPlane, period: float | None = None):
         super().__init__(control.store.engine, "replicate",
                          control.settings.replicate_seconds if period is None else period)
         self.cp = control

@@ -20,14 +20,13 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sbx.control.errors import ControlError
 from sbx.control.sandboxes import filescripts as S
-from sbx.node.types import NodeError
-
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
+from sbx.control.sandboxes.activity import Activity
+from sbx.control.store.database import SandboxRow
+from sbx.node.types import NodeAgent, NodeError
 
 log = logging.getLogger("sbx.control")
 
@@ -168,10 +167,20 @@ def _arg(name: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
-class Files:
-    """File operations of a :class:`ControlPlane` (``control.files``). Each counts as activity while it runs."""
+class FilesPlane(Protocol):
+    """What :class:`Files` uses of its control plane (:class:`sbx.control.service.ControlPlane` is one)."""
 
-    def __init__(self, control: ControlPlane):
+    @property
+    def node(self) -> NodeAgent: ...
+    @property
+    def activity(self) -> Activity: ...
+    def wait_running(self, sandbox_id: str, row: SandboxRow | None = None) -> SandboxRow: ...
+
+
+class Files:
+    """File operations of a control plane (``control.files``). Each counts as activity while it runs."""
+
+    def __init__(self, control: FilesPlane):
         self.control = control
 
     # plumbing --------------------------------------------------------------------------------------------------

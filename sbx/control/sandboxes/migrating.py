@@ -2,12 +2,11 @@
 
 ``migrate(id)`` is a lifecycle operation like a stop:
 
-1. under the lifecycle lock, placement picks the destination (:func:`sbx.control.cluster.placement.choose_move`: never
-the
-   sandbox's own node, only ``ready`` nodes with room whose memory-image fingerprint matches, each with a node API
-   the source can send to) and the row goes ``running -> migrating`` (persisted before anything moves; an exec, a
-   file call or a hosted-port request meanwhile waits for it as it waits for a resume); event ``migrating`` with
-   ``from`` and ``to``;
+1. under the lifecycle lock, placement picks the destination (:func:`sbx.control.cluster.placement.choose_move`:
+   never the sandbox's own node, only ``ready`` nodes with room whose memory-image fingerprint matches, each with
+   a node API the source can send to) and the row goes ``running -> migrating`` (persisted before anything moves;
+   an exec, a file call or a hosted-port request meanwhile waits for it as it waits for a resume); event
+   ``migrating`` with ``from`` and ``to``;
 2. a worker calls :func:`sbx.node.migration.live.migrate` with the two node clients of the router (the data goes node
    to node);
 3. on success the row's ``node`` column is pointed at the destination (the commit point: every later call, hosted
@@ -42,10 +41,6 @@ from sbx.node.migration import live as livemove
 from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.control")
-
-MIGRATE_WAIT = 600.0
-"""Seconds a caller waiting on a migration (``wait_settled``) allows it before 409 busy."""
-
 
 class MigrateOps(MoveOps):
     """``migrate``: a running sandbox moves to another node with its processes (module docstring)."""

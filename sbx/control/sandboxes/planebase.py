@@ -11,13 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from sbx.config import Settings, Size
 from sbx.control.accounts import plans
 from sbx.control.accounts.keys import Accounts
 from sbx.control.accounts.metering import Meter
-from sbx.control.cluster import capacity, placement
+from sbx.control.cluster import capacity
 from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.registry import NodeRegistry
 from sbx.control.cluster.replicas import ReplicaBook, forget_on_state_change
@@ -25,6 +25,7 @@ from sbx.control.cluster.router import NodeRouter
 from sbx.control.cluster.trim import Trimmer
 from sbx.control.errors import ControlError, from_node, not_found
 from sbx.control.sandboxes.activity import Activity
+from sbx.control.sandboxes.admission import Admission
 from sbx.control.sandboxes.files import Files
 from sbx.control.sandboxes.routes import Routes
 from sbx.control.sandboxes.sampler import Sampler
@@ -36,21 +37,26 @@ from sbx.control.store.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
 from sbx.node.types import NodeAgent, NodeError, SandboxSpec, Stats
 from sbx.storage.volume import trim_volume
 
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
-
 log = logging.getLogger("sbx.control")
-
-
 
 START_WAIT = 180.0
 """Seconds an exec, a job, a file transfer or a shell waits for a provisioning/resuming sandbox to reach running
 before answering 409 busy."""
 
 
-class PlaneBase:
+class PlaneBase(Admission):
     """What the control plane's parts share: settings, node, store, lifecycle, activity, routes, files, admission
     and the worker pool (see :class:`sbx.control.service.ControlPlane` for the arguments)."""
+
+    routes: Routes
+    """Hosted ports (:mod:`sbx.control.sandboxes.routes`)."""
+    files: Files
+    """Files in and out of running sandboxes (:mod:`sbx.control.sandboxes.files`)."""
+    secrets: Secrets
+    """Secrets and their bindings (:mod:`sbx.control.secrets.vault`).
+
+    These three are made by :class:`sbx.control.service.ControlPlane` once the plane is whole: each takes the
+    plane as its own narrow protocol, which only the whole plane satisfies."""
 
     def __init__(
         self,
@@ -78,9 +84,6 @@ class PlaneBase:
         memory against the destination too, so two moves at once can't both take its last room. Changed under
         ``lifecycle.cond``; this replica's own moves only."""
         self._closed = False
-        self.routes = Routes(cast("ControlPlane", self))
-        self.files = Files(cast("ControlPlane", self))
-        self.secrets = Secrets(cast("ControlPlane", self))
         self._host = host or (lambda: capacity.probe_host(settings))
         self.registry = NodeRegistry(self.store, settings, node, settings.node_url or "local", router=self.router)
         self.trimmer = Trimmer(trim or (lambda min_slack: trim_volume(settings, min_slack)), settings.trim_seconds)
@@ -92,7 +95,6 @@ class PlaneBase:
         self.store.state_hooks.append(forget_on_state_change)
         self.sampler = Sampler(self.router, lambda: [r.id for r in self.store.list_sandboxes() if r.state == "running"],
                                settings.stats_sample_seconds)
-
 
     # views -----------------------------------------------------------------------------------------------------
     def _size(self, name: str) -> Size:
@@ -165,84 +167,6 @@ class PlaneBase:
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
         return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env))
-
-    def _candidates(self, exclude: str | None = None) -> list[placement.Candidate]:
-        """Every node this server drives as placement sees it (:mod:`sbx.control.cluster.placement`): status from the
-        registry, room from the embedded node's own measure (``local``) or the node's last heartbeat, memory
-        promised from the store and by the moves on their way (:attr:`moving_to`), leaving out sandbox
-        ``exclude``."""
-        committed = placement.committed_by_node(self.store.list_sandboxes(), self.settings,
-                                                self.router.default_name, exclude)
-        for sid, (dst, mib) in list(self.moving_to.items()):
-            if sid != exclude:
-                committed[dst] = committed.get(dst, 0) + mib
-        out = []
-        for name, (url, _agent) in self.router.agents().items():
-            row = self.registry.row(name)
-            info = (row.info if row is not None else None) or {}
-            if url == "local":
-                host = self._host()
-            else:
-                host = HostResources(int(info.get("memory_mib", 0)), int(info.get("disk_free_bytes", 0)),
-                                     f"{name}:{info.get('disk_path', '')}")
-            fp = {str(k): str(v) for k, v in (info.get("fingerprint") or {}).items()}
-            out.append(placement.Candidate(name, self.registry.status(name), host, committed.get(name, 0), fp))
-        return out
-
-    def _unreserve(self, sandbox_id: str) -> None:
-        """Stop counting ``sandbox_id``'s move against its destination (:attr:`moving_to`)."""
-        with self.lifecycle.cond:
-            self.moving_to.pop(sandbox_id, None)
-
-    def _place(self, size: Size, what: str, only: str | None = None, among: set[str] | None = None) -> str:
-        """The node a new sandbox or fork (``what`` at ``size``) goes to (:func:`sbx.control.cluster.placement.choose`);
-        with ``among`` only one of those nodes (for one that is to get secrets:
-        :meth:`sbx.control.cluster.router.NodeRouter.egress_nodes`). ``507 insufficient_capacity`` when none may take
-        it, ``409 egress_proxy_unavailable`` when ``among`` is empty. The caller holds ``self.lifecycle.cond`` and
-        writes the new row (with this node) before releasing it."""
-        cands = self._candidates()
-        if among is not None:
-            cands = [c for c in cands if c.name in among]
-            if not cands:
-                raise ControlError("egress_proxy_unavailable", f"no node runs an egress proxy for {what}, so its "
-                                   "secrets can't be bound", 409)
-        try:
-            return placement.choose(cands, self.settings, size, what, only=only)
-        except ControlError as err:
-            log.info("refused %s: %s", what, err.message)
-            raise
-
-    def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None) -> None:
-        """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``) with 403 ``plan_limit``
-        when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`); else count the start. The
-        caller holds ``self.lifecycle.cond``, so two starts never both pass the last free place."""
-        account = self.accounts.get_account(account_id)
-        plan = self.plans.get(account.plan) or self.plans["trial"]
-        busy = {"provisioning", "running", "resuming", "migrating", "forking"}
-        running = sum(1 for r in self.store.list_sandboxes(account_id=account_id)
-                      if r.state in busy and r.id != sandbox_id)
-        plans.check(self.plans, plan, size.name, self.meter.starts_since(account_id), running, what)
-
-    def _storage_admit(self, account_id: str, what: str) -> None:
-        """403 ``plan_limit`` (limit ``storage_gib``) when the account's stored GiB have reached its plan's
-        included storage."""
-        plan = self.plans.get(self.accounts.get_account(account_id).plan) or self.plans["trial"]
-        stored = self.meter.stored_gib(account_id)
-        if plan.storage_gib and stored >= plan.storage_gib:
-            raise plans.refusal(self.plans, plan, "storage_gib", stored + 1,
-                                f"{what}: {stored:.1f} GiB stored reach the {plan.storage_gib:g} GiB included")
-
-    def account_plan(self, account_id: str) -> dict[str, Any]:
-        """The account's plan and what it uses now: ``{"plan": {...}, "used": {"startsLastHour", "running",
-        "storedGiB"}}``."""
-        account = self.accounts.get_account(account_id)
-        plan = self.plans.get(account.plan) or self.plans["trial"]
-        busy = {"provisioning", "running", "resuming", "migrating", "forking"}
-        rows = self.store.list_sandboxes(account_id=account_id)
-        return {"plan": plan.view(), "used": {
-            "startsLastHour": self.meter.starts_since(account_id),
-            "running": sum(1 for r in rows if r.state in busy),
-            "storedGiB": round(self.meter.stored_gib(account_id), 6)}}
 
     # events ----------------------------------------------------------------------------------------------------
     def _measure_stored(self, sandbox_id: str) -> None:

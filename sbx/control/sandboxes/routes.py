@@ -15,17 +15,15 @@ import datetime as dt
 import re
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import Boolean, DateTime, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from sbx.config import Settings
 from sbx.control.errors import ControlError, not_found
 from sbx.control.store.database import Base, SandboxRow, Store, iso, utcnow
-from sbx.control.store.state import TRANSIENT
-
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
+from sbx.control.store.state import TRANSIENT, Lifecycle
 
 TOKEN_PREFIX = "sbxr_"
 AUTO_RESUME_WAIT = 300.0
@@ -73,6 +71,21 @@ def parse_host(host: str, domain: str) -> tuple[int, str] | None:
     return (port, m.group(2)) if 1 <= port <= 65535 else None
 
 
+class RoutesPlane(Protocol):
+    """What :class:`Routes` uses of its control plane (:class:`sbx.control.service.ControlPlane` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+    def get(self, sandbox_id: str) -> SandboxRow: ...
+    def resume(self, sandbox_id: str, type: str | None = None, require_memory: bool = False,
+               ttl: int | None = None, wait: float | None = None) -> SandboxRow: ...
+    def wait_settled(self, sandbox_id: str, timeout: float = 600.0) -> SandboxRow: ...
+
+
 @dataclass
 class Resolved:
     """A request's target: the sandbox row and its route."""
@@ -82,10 +95,10 @@ class Resolved:
 
 
 class Routes:
-    """Route operations of a :class:`ControlPlane` (``control.routes``). Thread-safe (every call is one short
-    database session)."""
+    """Route operations of a control plane (``control.routes``). Thread-safe (every call is one short database
+    session)."""
 
-    def __init__(self, control: ControlPlane):
+    def __init__(self, control: RoutesPlane):
         self.control = control
         self.store: Store = control.store
 

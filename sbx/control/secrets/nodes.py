@@ -18,25 +18,59 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from sqlalchemy import select
-
+from sbx.config import Settings
 from sbx.control.errors import ControlError
-from sbx.node.types import NodeError
-
-if TYPE_CHECKING:
-    from sbx.control.secrets.vault import Secrets
+from sbx.control.store.database import SandboxRow, Store
+from sbx.node.types import NodeAgent, NodeError
 
 log = logging.getLogger("sbx.control")
 
 Handler = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
+class NodeDirectory(Protocol):
+    """The node names and agents secrets need (:class:`sbx.control.cluster.router.NodeRouter` is one)."""
+
+    @property
+    def default_name(self) -> str: ...
+    def node_of(self, sandbox_id: str) -> str: ...
+    def agent(self, name: str | None) -> NodeAgent: ...
+    def agents(self) -> dict[str, tuple[str, NodeAgent]]: ...
+    def egress_nodes(self) -> set[str]: ...
+
+
+class SecretsPlane(Protocol):
+    """What the secrets use of their control plane (:class:`sbx.control.service.ControlPlane` is one): its
+    settings and store, the sandbox lookup, and the nodes (``node`` reaches the node that holds a sandbox)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def router(self) -> NodeDirectory: ...
+    @property
+    def node(self) -> NodeAgent: ...
+    def get(self, sandbox_id: str) -> SandboxRow: ...
+
+
+class Vault(Protocol):
+    """What :class:`SecretNodes` uses of the secrets (:class:`sbx.control.secrets.vault.Secrets` is one)."""
+
+    @property
+    def cp(self) -> SecretsPlane: ...
+    def handle(self, sandbox_id: str, message: dict[str, Any]) -> dict[str, Any]: ...
+    def has_bindings(self, sandbox_id: str) -> bool: ...
+    def bound_sandboxes(self) -> list[str]: ...
+    def sync_node_of(self, sandbox_id: str) -> None: ...
+
+
 class SecretNodes:
     """The per-node side of ``secrets`` (module docstring); its control plane's router decides node names."""
 
-    def __init__(self, secrets: Secrets):
+    def __init__(self, secrets: Vault):
         self.secrets = secrets
         self.cp = secrets.cp
 
@@ -78,19 +112,13 @@ class SecretNodes:
         raise ControlError("egress_proxy_unavailable", f"{where} egress proxy, so secrets can't be bound "
                            "(SBX_EGRESS_PROXY_PORT=0, or scripts/install.sh was not run there)", 409)
 
-    def _bound(self) -> list[str]:
-        from sbx.control.secrets.vault import BindingRow
-
-        with self.cp.store.session() as s:
-            return sorted(set(s.scalars(select(BindingRow.sandbox_id))))
-
     def sync_node(self, node: str | None) -> int:
         """Tell node ``node`` (None: the configured one) every sandbox of its own with a binding; returns how many.
         A node that does not answer is skipped (logged): it is told again when a server next reaches it."""
         name = node or self._default()
         router = self.cp.router
         told = 0
-        for sid in self._bound():
+        for sid in self.secrets.bound_sandboxes():
             row = self.cp.store.get_sandbox(sid)
             if row is None or row.state == "deleted" or (row.node or self._default()) != name:
                 continue

@@ -28,14 +28,14 @@ import os
 import secrets as _random
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import JSON, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sbx.control.errors import ControlError, not_found
-from sbx.control.secrets.nodes import SecretNodes
+from sbx.control.secrets.nodes import SecretNodes, SecretsPlane
 from sbx.control.secrets.rules import (
     PLACEHOLDER_PREFIX,
     VALUE_MAX_BYTES,
@@ -48,8 +48,6 @@ from sbx.control.secrets.rules import (
 from sbx.control.store.database import Base, iso, utcnow
 from sbx.node.types import NodeError
 
-if TYPE_CHECKING:
-    from sbx.control.service import ControlPlane
 
 class SecretRow(Base):
     """A secret: ``ciphertext`` is ``base64(nonce + AES-GCM ciphertext)``; ``rules`` the list of rule dicts
@@ -140,7 +138,7 @@ class Secrets:
     ``<state_dir>/secrets.key``, and the node, which learns which sandboxes to send through its egress proxy
     (``node.set_egress_proxy``)."""
 
-    def __init__(self, cp: ControlPlane):
+    def __init__(self, cp: SecretsPlane):
         self.cp = cp
         self.store = cp.store
         self._key: bytes | None = None
@@ -286,6 +284,11 @@ class Secrets:
         """True when at least one secret is bound to the sandbox."""
         with self.store.session() as s:
             return s.scalar(select(BindingRow.secret_id).where(BindingRow.sandbox_id == sandbox_id)) is not None
+
+    def bound_sandboxes(self) -> list[str]:
+        """Every sandbox with at least one binding, sorted."""
+        with self.store.session() as s:
+            return sorted(set(s.scalars(select(BindingRow.sandbox_id))))
 
     def sync_node_of(self, sandbox_id: str) -> None:
         """Tell the sandbox's node (the store's) whether it goes through the egress proxy. Raises 409
