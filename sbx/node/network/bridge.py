@@ -10,9 +10,9 @@ Layout (all names derive from :class:`sbx.config.Settings`):
   entering the bridge from one of this node's veths passes only if it is IPv4 whose Ethernet source and IP
   source are the sandbox's own, or ARP whose Ethernet source, ARP sender MAC and ARP sender IP are its own.
   Everything else (spoofed sources, gratuitous ARP for another address, IPv6, VLAN tags) is dropped before the
-  bridge or the host sees it. The node's veths are recognised by their interface group (:func:`node_group`,
-  set before the veth joins the bridge), so a port is filtered from its first frame, and one missing from the
-  ``pins`` set passes nothing;
+  bridge or the host sees it. The node's veths are recognised by their interface group
+  (:func:`sbx.node.network.ruleset.node_group`, set before the veth joins the bridge), so a port is filtered from
+  its first frame, and one missing from the ``pins`` set passes nothing;
 - per sandbox, a veth pair: the host end ``v<10 chars of the id>`` is a bridge port with ``isolated on`` (kernel
   bridge port isolation: isolated ports can't talk to each other), the other end is ``eth0`` inside the
   container's network namespace with a fixed address and MAC (:func:`mac_for`); the host keeps a permanent
@@ -20,7 +20,8 @@ Layout (all names derive from :class:`sbx.config.Settings`):
 
 The container's network namespace is made by runc; :func:`wire_sandbox` runs from the OCI ``prestart`` hook (see
 :mod:`sbx.node.network.nethook`), which runc runs again on CRIU restore (runtime-facts: checkpoint with
-``--empty-ns network`` and rewire on restore). Netlink work goes through pyroute2.
+``--empty-ns network`` and rewire on restore). Netlink work goes through pyroute2; the two tables' rules are
+built in :mod:`sbx.node.network.ruleset`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from sbx.node.network import netlink
+from sbx.node.network import netlink, ruleset
 from sbx.node.network.egress import EgressPolicy
 from sbx.node.network.nft import NftError
 from sbx.node.network.nft import run as _nft
@@ -100,104 +101,6 @@ def allocate(subnet: str, taken: set[str]) -> str:
     raise RuntimeError(f"no free address left in {subnet}")
 
 
-def _nft_table(node_name: str) -> str:
-    return "sbx_" + "".join(c if c.isalnum() else "_" for c in node_name)
-
-
-def node_group(node_name: str) -> int:
-    """The interface group (``IFLA_GROUP``, 1..2**31-1) this node gives its host veths, from a hash of its name:
-    the bridge-family rules match ``meta iifgroup`` (this kernel has no ``meta ibrname`` for bridge tables)."""
-    digest = hashlib.sha256(node_name.encode()).digest()
-    return int.from_bytes(digest[:4], "big") % 0x7FFFFFFE + 1
-
-
-def _set_elements(items: list[str]) -> str:
-    return f"elements = {{ {', '.join(items)} }}" if items else ""
-
-
-def _redirect_rules(bridge: str, proxy_port: int) -> tuple[str, str]:
-    """The egress proxy's part of the ``inet`` table (none when ``proxy_port`` is 0): a nat ``prerouting`` chain
-    that redirects TCP 80/443 of the sandboxes in ``egress_proxied`` to the proxy, only towards destinations the
-    egress policy lets through (the same allow / services / deny order as ``forward``; what it denies is not
-    redirected and the forward chain drops it), and the ``input`` rule that admits exactly the redirected
-    connections (``ct status dnat``) to the proxy's port; a sandbox dialling the port directly is dropped."""
-    if not proxy_port:
-        return "", ""
-    to = f"tcp dport {{ 80, 443 }} redirect to :{proxy_port}"
-    chain = f"""
-  chain egress_redirect {{
-    type nat hook prerouting priority dstnat; policy accept;
-    iifname != "{bridge}" return
-    ip saddr != @egress_proxied return
-    ip daddr @egress_allow {to}
-    ip daddr . meta l4proto . th dport @egress_services {to}
-    ip daddr @egress_deny return
-    {to}
-  }}"""
-    accept = f'iifname "{bridge}" tcp dport {proxy_port} ct status dnat ip saddr @egress_proxied accept'
-    return chain, accept
-
-
-def _inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, proxy_port: int = 0,
-                  proxied: list[str] | None = None) -> str:
-    """The node's ``inet`` table: sandbox isolation (``forward``: no sandbox to sandbox, egress policy; ``input``:
-    from the bridge only replies, the redirected egress-proxy connections and TCP resets) and masquerading. A
-    reset from a sandbox is let in even when conntrack doesn't call it ``established`` (counter
-    ``rst_untracked``): the resets that ``ss -K`` sends at a live migration's freeze must reach peers on the
-    node (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of the sandbox's own
-    address (the bridge's pins stop spoofed sources), which it could end anyway."""
-    services = [f"{ip} . {proto} . {port}" for ip, proto, port in egress.services]
-    redirect, admit = _redirect_rules(bridge, proxy_port)
-    return f"""
-table inet {table}
-delete table inet {table}
-table inet {table} {{
-  set egress_deny {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.deny))} }}
-  set egress_allow {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.allow))} }}
-  set egress_services {{ type ipv4_addr . inet_proto . inet_service; {_set_elements(services)} }}
-  set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}{redirect}
-  counter rst_untracked {{ }}
-  chain forward {{
-    type filter hook forward priority 0; policy accept;
-    iifname "{bridge}" oifname "{bridge}" drop
-    oifname "{bridge}" ct state established,related accept
-    oifname "{bridge}" drop
-    iifname "{bridge}" meta nfproto != ipv4 drop
-    iifname "{bridge}" ip daddr @egress_allow accept
-    iifname "{bridge}" ip daddr . meta l4proto . th dport @egress_services accept
-    iifname "{bridge}" ip daddr @egress_deny drop
-  }}
-  chain input {{
-    type filter hook input priority 0; policy accept;
-    iifname "{bridge}" ct state established,related accept
-    iifname "{bridge}" tcp flags & rst == rst counter name rst_untracked accept
-    {admit}
-    iifname "{bridge}" drop
-  }}
-  chain postrouting {{
-    type nat hook postrouting priority 100; policy accept;
-    ip saddr {subnet} oifname != "{bridge}" masquerade
-  }}
-}}
-"""
-
-
-def _bridge_ruleset(table: str, group: int) -> str:
-    """The pinning table. The ``pins`` set survives a reload (``add`` keeps an existing set and its elements), so a
-    server restart does not cut the sandboxes that kept running; the chain is rebuilt."""
-    return f"""
-add table bridge {table}
-add set bridge {table} pins {{ type ifname . ether_addr . ipv4_addr; }}
-add chain bridge {table} prerouting {{ type filter hook prerouting priority -300; policy accept; }}
-flush chain bridge {table} prerouting
-add rule bridge {table} prerouting meta iifgroup != {group} accept
-add rule bridge {table} prerouting ether type arp iifname . ether saddr . arp saddr ip @pins \
-  iifname . arp saddr ether . arp saddr ip @pins accept
-add rule bridge {table} prerouting ether type ip iifname . ether saddr . ip saddr @pins accept
-add rule bridge {table} prerouting drop
-"""
-
-
 def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy | None = None,
                   proxy_port: int = 0) -> None:
     """Create (idempotently) the bridge with the gateway address and its fixed MAC (:func:`bridge_mac`), enable IPv4
@@ -220,9 +123,9 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
         ipr.link("set", index=idx, state="up")
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
     _rp_filter(bridge)
-    table = _nft_table(node_name)
-    _nft(_inet_ruleset(table, bridge, subnet, egress or EgressPolicy(), proxy_port))
-    pins = _bridge_ruleset(table, node_group(node_name))
+    table = ruleset.table_name(node_name)
+    _nft(ruleset.inet_ruleset(table, bridge, subnet, egress or EgressPolicy(), proxy_port))
+    pins = ruleset.bridge_ruleset(table, ruleset.node_group(node_name))
     try:
         _nft(pins)
     except NftError:  # a table of an older layout: start it afresh (sync_pins refills it)
@@ -239,8 +142,8 @@ def _rp_filter(ifname: str) -> None:
 
 def remove_bridge(bridge: str, node_name: str) -> None:
     """Delete the bridge and this node's nftables tables (used by tests and ``reconcile``)."""
-    subprocess.run(["nft", "delete", "table", "inet", _nft_table(node_name)], capture_output=True)
-    subprocess.run(["nft", "delete", "table", "bridge", _nft_table(node_name)], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "inet", ruleset.table_name(node_name)], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "bridge", ruleset.table_name(node_name)], capture_output=True)
     with IPRoute() as ipr:
         _delete_link(ipr, bridge)
 
@@ -257,7 +160,7 @@ def pin_sandbox(lease: Lease, bridge: str, node_name: str) -> None:
     neighbour can't move it). Idempotent. The node runs it in its own process (a warm nftables context, well under
     a millisecond) rather than in the prestart hook, which is a fresh process on every start and restore.
     Raises ``NetlinkError`` / :class:`sbx.node.network.nft.NftError` when the kernel refuses a step."""
-    _nft(f"add element bridge {_nft_table(node_name)} pins {{ {_pin(lease)} }}\n")
+    _nft(f"add element bridge {ruleset.table_name(node_name)} pins {{ {_pin(lease)} }}\n")
     address = str(ipaddress.IPv4Interface(lease.address).ip)
     with IPRoute() as ipr:
         for br_idx in ipr.link_lookup(ifname=bridge):
@@ -267,9 +170,10 @@ def pin_sandbox(lease: Lease, bridge: str, node_name: str) -> None:
 def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
     """Give the network namespace of host process ``pid`` (the container's init) an ``eth0`` with
     ``lease.address``, the MAC :func:`mac_for` and a default route, and plug the host end into ``bridge`` as an
-    isolated port in ``node_name``'s interface group (:func:`node_group`, set before the port joins the bridge, so
-    the pinning rules see its first frame) with strict ``rp_filter``. The port passes only what the lease's pin
-    allows: :func:`pin_sandbox` must have run (without it the sandbox has no network, it is never unfiltered).
+    isolated port in ``node_name``'s interface group (:func:`sbx.node.network.ruleset.node_group`, set before the
+    port joins the bridge, so the pinning rules see its first frame) with strict ``rp_filter``. The port passes only
+    what the lease's pin allows: :func:`pin_sandbox` must have run (without it the sandbox has no network, it is
+    never unfiltered).
     A stale host end of the same name (from a crashed run) is replaced; a second run (restore) repairs the first.
     Raises ``NetlinkError`` when the kernel refuses a step."""
     netns_path = f"/proc/{pid}/ns/net"
@@ -287,7 +191,7 @@ def wire_sandbox(pid: int, lease: Lease, bridge: str, node_name: str) -> None:
             os.close(fd)
         host_idx = ipr.link_lookup(ifname=lease.host_veth)[0]
         br_idx = ipr.link_lookup(ifname=bridge)[0]
-        ipr.link("set", index=host_idx, group=node_group(node_name))  # filtered from here on
+        ipr.link("set", index=host_idx, group=ruleset.node_group(node_name))  # filtered from here on
         _rp_filter(lease.host_veth)
         ipr.link("set", index=host_idx, master=br_idx)
         ipr.brport("set", index=host_idx, isolated=1)  # kernel bridge port isolation
@@ -333,7 +237,7 @@ def unwire_sandbox(lease: Lease, bridge: str = "", node_name: str = "") -> None:
                 ipr.neigh("del", dst=str(ipaddress.IPv4Interface(lease.address).ip), ifindex=br_idx)
             except NetlinkError:
                 pass
-    pin, table = _pin(lease), _nft_table(node_name)
+    pin, table = _pin(lease), ruleset.table_name(node_name)
     # `add` first so the `delete` can't fail on a missing element (bookworm's nft 1.0.6 has no `destroy`)
     _nft(f"add element bridge {table} pins {{ {pin} }}\ndelete element bridge {table} pins {{ {pin} }}\n")
 
@@ -342,7 +246,7 @@ def sync_pins(bridge: str, node_name: str, leases: list[Lease]) -> None:
     """Make the pins and the bridge's permanent neighbour entries exactly those of ``leases`` (the sandboxes that
     run): one nft transaction replaces the ``pins`` set, stale permanent entries are deleted. For ``reconcile``,
     which repairs what a crash between wiring and recording (or before an unwire) left behind."""
-    table = _nft_table(node_name)
+    table = ruleset.table_name(node_name)
     items = [_pin(lease) for lease in leases]
     _nft(f"flush set bridge {table} pins\n" + (f"add element bridge {table} pins {{ {', '.join(items)} }}\n"
                                                  if items else ""))
@@ -366,7 +270,7 @@ def sync_pins(bridge: str, node_name: str, leases: list[Lease]) -> None:
 def set_proxied(node_name: str, address: str, on: bool) -> None:
     """Add ``address`` (``10.88.0.7``) to this node's ``egress_proxied`` set (its outbound 80/443 goes to the egress
     proxy from the next connection on) or take it out. Idempotent. Raises :class:`sbx.node.network.nft.NftError`."""
-    table = _nft_table(node_name)
+    table = ruleset.table_name(node_name)
     batch = f"add element inet {table} egress_proxied {{ {address} }}\n"
     if not on:  # `add` first so the `delete` can't fail on a missing element
         batch += f"delete element inet {table} egress_proxied {{ {address} }}\n"

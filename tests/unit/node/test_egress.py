@@ -11,7 +11,7 @@ import pytest
 
 from sbx.config import load_settings
 from sbx.node.network import bridge as network
-from sbx.node.network import egress
+from sbx.node.network import egress, ruleset
 
 
 def test_parse_allow_normalises_and_names_the_bad_item() -> None:
@@ -60,9 +60,9 @@ def test_settings_read_egress_allow_from_env_and_toml(tmp_path: Path, monkeypatc
 
 
 def test_node_group_is_stable_and_never_the_default_group() -> None:
-    assert network.node_group("net") == network.node_group("net")
-    assert network.node_group("a") != network.node_group("b")
-    assert all(1 <= network.node_group(n) < 2**31 for n in ("", "node0", "x" * 64))
+    assert ruleset.node_group("net") == ruleset.node_group("net")
+    assert ruleset.node_group("a") != ruleset.node_group("b")
+    assert all(1 <= ruleset.node_group(n) < 2**31 for n in ("", "node0", "x" * 64))
 
 
 def _nft_check(script: str) -> subprocess.CompletedProcess[bytes]:
@@ -73,12 +73,12 @@ def _nft_check(script: str) -> subprocess.CompletedProcess[bytes]:
 def test_rulesets_pass_nft_check() -> None:
     """nft parses and the kernel accepts both tables (``-c``: checked, nothing applied)."""
     pol = egress.EgressPolicy(allow=("172.31.0.0/16",), services=(("10.255.255.53", "udp", 53),))
-    r = _nft_check(network._inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", pol))
+    r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", pol))
     assert r.returncode == 0, r.stderr.decode()
-    r = _nft_check(network._inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", egress.EgressPolicy()))
+    r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", egress.EgressPolicy()))
     assert r.returncode == 0, r.stderr.decode()
     lease = network.Lease("10.77.0.2/16", "10.77.0.1", "vabcdefghij")
-    r = _nft_check(network._bridge_ruleset("sbx_unit", 7) +
+    r = _nft_check(ruleset.bridge_ruleset("sbx_unit", 7) +
                    f"add element bridge sbx_unit pins {{ {network._pin(lease)} }}\n")
     assert r.returncode == 0, r.stderr.decode()
 

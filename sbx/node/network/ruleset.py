@@ -1,0 +1,110 @@
+"""The nftables rulesets of a node's network (what they are for: :mod:`sbx.node.network.bridge`): the ``inet``
+table (sandbox isolation, the egress policy, the egress proxy's redirect, masquerading) and the ``bridge`` table that
+pins every sandbox port to its own MAC and address, as text for :func:`sbx.node.network.nft.run`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from sbx.node.network.egress import EgressPolicy
+
+
+def table_name(node_name: str) -> str:
+    """The name of this node's two nftables tables (``inet`` and ``bridge``): ``sbx_<node name>``, other characters
+    than letters and digits made ``_``."""
+    return "sbx_" + "".join(c if c.isalnum() else "_" for c in node_name)
+
+
+def node_group(node_name: str) -> int:
+    """The interface group (``IFLA_GROUP``, 1..2**31-1) this node gives its host veths, from a hash of its name:
+    the bridge-family rules match ``meta iifgroup`` (this kernel has no ``meta ibrname`` for bridge tables)."""
+    digest = hashlib.sha256(node_name.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 0x7FFFFFFE + 1
+
+
+def _set_elements(items: list[str]) -> str:
+    return f"elements = {{ {', '.join(items)} }}" if items else ""
+
+
+def _redirect_rules(bridge: str, proxy_port: int) -> tuple[str, str]:
+    """The egress proxy's part of the ``inet`` table (none when ``proxy_port`` is 0): a nat ``prerouting`` chain
+    that redirects TCP 80/443 of the sandboxes in ``egress_proxied`` to the proxy, only towards destinations the
+    egress policy lets through (the same allow / services / deny order as ``forward``; what it denies is not
+    redirected and the forward chain drops it), and the ``input`` rule that admits exactly the redirected
+    connections (``ct status dnat``) to the proxy's port; a sandbox dialling the port directly is dropped."""
+    if not proxy_port:
+        return "", ""
+    to = f"tcp dport {{ 80, 443 }} redirect to :{proxy_port}"
+    chain = f"""
+  chain egress_redirect {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname != "{bridge}" return
+    ip saddr != @egress_proxied return
+    ip daddr @egress_allow {to}
+    ip daddr . meta l4proto . th dport @egress_services {to}
+    ip daddr @egress_deny return
+    {to}
+  }}"""
+    accept = f'iifname "{bridge}" tcp dport {proxy_port} ct status dnat ip saddr @egress_proxied accept'
+    return chain, accept
+
+
+def inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, proxy_port: int = 0,
+                 proxied: list[str] | None = None) -> str:
+    """The node's ``inet`` table: sandbox isolation (``forward``: no sandbox to sandbox, egress policy; ``input``:
+    from the bridge only replies, the redirected egress-proxy connections and TCP resets) and masquerading. A
+    reset from a sandbox is let in even when conntrack doesn't call it ``established`` (counter
+    ``rst_untracked``): the resets that ``ss -K`` sends at a live migration's freeze must reach peers on the
+    node (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of the sandbox's own
+    address (the bridge's pins stop spoofed sources), which it could end anyway."""
+    services = [f"{ip} . {proto} . {port}" for ip, proto, port in egress.services]
+    redirect, admit = _redirect_rules(bridge, proxy_port)
+    return f"""
+table inet {table}
+delete table inet {table}
+table inet {table} {{
+  set egress_deny {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.deny))} }}
+  set egress_allow {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.allow))} }}
+  set egress_services {{ type ipv4_addr . inet_proto . inet_service; {_set_elements(services)} }}
+  set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}{redirect}
+  counter rst_untracked {{ }}
+  chain forward {{
+    type filter hook forward priority 0; policy accept;
+    iifname "{bridge}" oifname "{bridge}" drop
+    oifname "{bridge}" ct state established,related accept
+    oifname "{bridge}" drop
+    iifname "{bridge}" meta nfproto != ipv4 drop
+    iifname "{bridge}" ip daddr @egress_allow accept
+    iifname "{bridge}" ip daddr . meta l4proto . th dport @egress_services accept
+    iifname "{bridge}" ip daddr @egress_deny drop
+  }}
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname "{bridge}" ct state established,related accept
+    iifname "{bridge}" tcp flags & rst == rst counter name rst_untracked accept
+    {admit}
+    iifname "{bridge}" drop
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority 100; policy accept;
+    ip saddr {subnet} oifname != "{bridge}" masquerade
+  }}
+}}
+"""
+
+
+def bridge_ruleset(table: str, group: int) -> str:
+    """The pinning table. The ``pins`` set survives a reload (``add`` keeps an existing set and its elements), so a
+    server restart does not cut the sandboxes that kept running; the chain is rebuilt."""
+    return f"""
+add table bridge {table}
+add set bridge {table} pins {{ type ifname . ether_addr . ipv4_addr; }}
+add chain bridge {table} prerouting {{ type filter hook prerouting priority -300; policy accept; }}
+flush chain bridge {table} prerouting
+add rule bridge {table} prerouting meta iifgroup != {group} accept
+add rule bridge {table} prerouting ether type arp iifname . ether saddr . arp saddr ip @pins \
+  iifname . arp saddr ether . arp saddr ip @pins accept
+add rule bridge {table} prerouting ether type ip iifname . ether saddr . ip saddr @pins accept
+add rule bridge {table} prerouting drop
+"""
