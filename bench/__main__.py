@@ -1,14 +1,14 @@
 """``python -m bench``: time sbx on real sandboxes and compare with the seed guides' figures.
 
 Starts a real ``sbx server`` (:mod:`bench.server`: node ``bench``, bridge ``sbxb0``, subnet ``10.92.0.0/16``,
-test size profile, temp state dir and HOME), runs the figures of :mod:`bench.figures` (each repeated; median
-and min–max), prints a table with the seed anchors and the ratio ours/anchor, and writes the JSON document to
-``bench/results/<timestamp>.json``. Every sandbox it made is deleted and the server stopped at the end, also
-after Ctrl-C. Needs root (runc, CRIU, loop devices).
+test size profile, temp state dir and HOME), runs the figures the figure modules register (:mod:`bench.registry`;
+each repeated; median and min–max), prints a table with the seed anchors and the ratio ours/anchor, and writes
+the JSON document to ``bench/results/<timestamp>.json``. Every sandbox it made is deleted and the server stopped
+at the end, also after Ctrl-C. Needs root (runc, CRIU, loop devices).
 
-Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow,egress,density,migrate,
-migclient,remote,xresume] [--json] [--disk-fill 0.25] [--density-max 300] [--density-idle 60] [--out DIR]
-[--keep-tmp]``.
+Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow,egress,density,
+template,forkmem,migrate,migclient,remote,xresume] [--json] [--disk-fill 0.25] [--density-max 300]
+[--density-idle 60] [--out DIR] [--keep-tmp]``.
 ``density`` (idle small sandboxes on one node, :mod:`bench.density`), ``migrate`` (a running sandbox moved between
 two node agents of its own, :mod:`bench.migrate`), ``migclient`` (the pause a client's exec loop sees during a
 live migration through the server, :mod:`bench.migclient`), ``remote`` (create and exec through a node agent in its own
@@ -31,9 +31,14 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import report
-from bench.figures import FIGURES, NEEDS_SERVER, OPT_IN, Ctx
+# each figure module registers its figures (bench.registry) when imported
+from bench import density, egress, figures, memfigs, migclient, migrate, remote, report, xresume  # noqa: F401
+from bench.context import Ctx
+from bench.registry import figures as registered
 from bench.report import Row
+
+FIGURES = registered()
+"""Figure name (what ``--only`` takes) -> :class:`bench.registry.Figure`, in the order they run."""
 
 
 def _names(value: str) -> list[str]:
@@ -46,8 +51,9 @@ def _names(value: str) -> list[str]:
 
 
 def default_figures() -> list[str]:
-    """The figures a run without ``--only`` does: all but the opt-in ones (``density``, ``remote``)."""
-    return [n for n in FIGURES if n not in OPT_IN]
+    """The figures a run without ``--only`` does: all but the opt-in ones (``density``, ``migrate``,
+    ``migclient``, ``remote``, ``xresume``)."""
+    return [n for n, f in FIGURES.items() if not f.opt_in]
 
 
 def _host() -> dict[str, Any]:
@@ -66,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="runs per figure (default 5; grow and ws1g do at most 3)")
     p.add_argument("--only", type=_names,
                    help=f"comma-separated figures to run, of: {', '.join(FIGURES)} "
-                        f"({', '.join(n for n in FIGURES if n in OPT_IN)} only when named here)")
+                        f"({', '.join(n for n, f in FIGURES.items() if f.opt_in)} only when named here)")
     p.add_argument("--json", action="store_true", help="print only the JSON document (progress still on stderr)")
     p.add_argument("--disk-fill", type=float, default=0.25,
                    help="share of each disk the disk figure fills with data (default 0.25: 5 GiB at 20 GiB)")
@@ -100,12 +106,12 @@ def run(a: argparse.Namespace, err: Console,
     def say(message: str) -> None:
         err.print(message, markup=False, highlight=False)
 
-    def figures(ctx: Ctx) -> None:
+    def run_figures(ctx: Ctx) -> None:
         for name in chosen:
             say(f"bench: {name} ...")
             t0 = time.monotonic()
             try:
-                got = FIGURES[name](ctx)
+                got = FIGURES[name].run(ctx)
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # a failed figure is reported, the others still run
@@ -125,14 +131,14 @@ def run(a: argparse.Namespace, err: Console,
             say(f"  ({name} took {timings[name]:.0f} s)")
 
     try:
-        if any(n in NEEDS_SERVER for n in chosen):
+        if any(FIGURES[n].needs_server for n in chosen):
             say("bench: starting sbx server (node bench, test profile)")
             with running_server(keep_tmp=a.keep_tmp) as srv, srv.client() as client:
-                figures(Ctx(srv, client, a.repeats, a.disk_fill, say,
+                run_figures(Ctx(srv, client, a.repeats, a.disk_fill, say,
                             density_max=a.density_max, density_idle=a.density_idle))
         else:
             try:
-                figures(Ctx(None, None, a.repeats, a.disk_fill, say,
+                run_figures(Ctx(None, None, a.repeats, a.disk_fill, say,
                             density_max=a.density_max, density_idle=a.density_idle))
             finally:
                 cleanup_host(node_settings())

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
 
+from bench.context import Ctx, new, tracked, wait_exec
+from bench.registry import figure
 from bench.report import Row
 from sbx.node.container import cgroup
 from sbx.sdk import SbxError
-
-if TYPE_CHECKING:
-    from bench.figures import Ctx
 
 CAPACITY_CODES = frozenset({"insufficient_capacity", "no_space"})
 """Error codes that count as a clean refusal (the node is full: the API's 507 ``insufficient_capacity`` admission
@@ -40,29 +38,28 @@ def host_memory_used_mib() -> float:
     return (fields["MemTotal"] - fields["MemAvailable"]) / 1024
 
 
+@figure("density", order=100, opt_in=True)
 def fig_density(ctx: Ctx) -> list[Row]:
     """``density``: see the module docstring. Rows: sandboxes running and answering after the idle time (count),
     host memory per sandbox (MiB), the 1-minute load average, and the time each create took (s). Raises
     ``RuntimeError`` for a non-capacity create failure or a sandbox that stopped answering."""
-    from bench.figures import _new, _tracked, _wait_exec
-
     limit, idle = ctx.density_max, ctx.density_idle
     before = host_memory_used_mib()
     creates: list[float] = []
     refusal = ""
-    with _tracked(ctx) as ids:
+    with tracked(ctx) as ids:
         boxes = []
         for i in range(limit):
             t0 = time.perf_counter()
             try:
-                sb = _new(ctx, ids, "small", f"bench-density-{i}")
+                sb = new(ctx, ids, "small", f"bench-density-{i}")
             except SbxError as e:
                 if e.code in CAPACITY_CODES:
                     refusal = f"refused at #{i + 1}: {e.code}"
                     ctx.say(f"  {refusal} ({e.message})")
                     break
                 raise RuntimeError(f"sandbox #{i + 1} failed, not a capacity refusal: {e.code}: {e.message}") from e
-            _wait_exec(sb)
+            wait_exec(sb)
             creates.append(time.perf_counter() - t0)
             boxes.append(sb)
             if (i + 1) % 10 == 0 or i + 1 == limit:
@@ -77,7 +74,7 @@ def fig_density(ctx: Ctx) -> list[Row]:
         silent = []
         for sb in boxes:
             try:
-                _wait_exec(sb, timeout=60)
+                wait_exec(sb, timeout=60)
             except RuntimeError as e:
                 silent.append(str(e))
         if silent:

@@ -4,11 +4,12 @@ direct, plain HTTP and HTTPS.
 An upstream on this host: a network namespace (``sbxbenchegns``) the host routes a TEST-NET-3 address to
 (:data:`UPSTREAM_IP`, ``SBX_BENCH_EGRESS_IP`` overrides it), serving ``GET /`` (a few bytes) on 80 and, with a
 certificate from a CA of the run's own, on 443. The benchmark server trusts that CA upstream
-(:func:`upstream_ca`, set as ``SBX_EGRESS_UPSTREAM_CA`` when it starts). Two small sandboxes: one with a secret
-bound (its 80/443 traffic is redirected to the proxy, which replaces the placeholder in the Authorization
-header), one without (straight out through NAT). In each, Python's ``http.client`` makes ``max(40, 10 x repeats)``
-requests one after another, each on a new connection (a TCP connect, for HTTPS a full handshake: what a
-command-line tool pays per call), and the in-sandbox time from connect to the last byte of each is a sample.
+(:func:`bench.server.upstream_ca`, set as ``SBX_EGRESS_UPSTREAM_CA`` when it starts). Two small sandboxes: one
+with a secret bound (its 80/443 traffic is redirected to the proxy, which replaces the placeholder in the
+Authorization header), one without (straight out through NAT). In each, Python's ``http.client`` makes
+``max(40, 10 x repeats)`` requests one after another, each on a new connection (a TCP connect, for HTTPS a full
+handshake: what a command-line tool pays per call), and the in-sandbox time from connect to the last byte of each
+is a sample.
 """
 
 from __future__ import annotations
@@ -20,16 +21,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from bench.context import Ctx, cli_new, tracked
+from bench.registry import figure
 from bench.report import Row
-from tests.outside import make_ca, outside_netns
-
-if TYPE_CHECKING:
-    from bench.figures import Ctx
+from bench.server import UPSTREAM_HOST, sbx_binary
+from tests.outside import outside_netns
 
 UPSTREAM_IP = os.environ.get("SBX_BENCH_EGRESS_IP", "203.0.113.250")
-UPSTREAM_HOST = "bench-upstream.sbx-test.example"
 LINK = "172.31.247.0/30"  # the host takes .1, the namespace .2
 NETNS_TAG = "sbxbencheg"  # namespace sbxbenchegns, veths sbxbenchegh / sbxbenchegp (tests/outside.py)
 
@@ -82,16 +81,6 @@ print(json.dumps(out))
 '''
 
 
-def upstream_ca(tmp: Path) -> Path:
-    """Make the run's upstream CA and the upstream's certificate in ``tmp/egress`` (once); returns the CA file,
-    which the benchmark server is told to trust (``SBX_EGRESS_UPSTREAM_CA``)."""
-    folder = tmp / "egress"
-    if (folder / "ca.crt").is_file():
-        return folder / "ca.crt"
-    folder.mkdir(parents=True, exist_ok=True)
-    return make_ca(folder, "sbx bench upstream CA", {"server": UPSTREAM_HOST}, days=7)
-
-
 @contextmanager
 def upstream(folder: Path) -> Iterator[None]:
     """The upstream namespace and its server for the figure's duration; removed afterwards."""
@@ -102,24 +91,22 @@ def upstream(folder: Path) -> Iterator[None]:
         yield
 
 
+@figure("egress", order=90)
 def fig_egress(ctx: Ctx) -> list[Row]:
     """``egress``: per-request latency (new connection each) from a sandbox to an upstream on this host, through
     the egress proxy (secret bound, placeholder replaced) and direct (no binding), for HTTP and HTTPS."""
-    from bench.figures import _cli_new, _tracked
-    from bench.server import sbx_binary
-
     srv = ctx.srv
     folder = Path(srv.env["SBX_EGRESS_UPSTREAM_CA"]).parent
     n = max(40, 10 * ctx.repeats)
     rows: list[Row] = []
-    with upstream(folder), _tracked(ctx) as ids:
+    with upstream(folder), tracked(ctx) as ids:
         r = subprocess.run([sbx_binary(), "secret", "set", "benchtok", "--host",
                             UPSTREAM_HOST], input="bench-token\n", env=srv.env, capture_output=True, text=True,
                            timeout=60)
         if r.returncode != 0:
             raise RuntimeError(f"sbx secret set: {r.stdout}{r.stderr}")
-        proxied = _cli_new(ctx, ids, "small", "bench-egress-proxied")
-        direct = _cli_new(ctx, ids, "small", "bench-egress-direct")
+        proxied = cli_new(ctx, ids, "small", "bench-egress-proxied")
+        direct = cli_new(ctx, ids, "small", "bench-egress-direct")
         srv.sbx("secret", "bind", proxied, "benchtok")
         ca = (folder / "ca.crt").read_text()
         for sid in (proxied, direct):

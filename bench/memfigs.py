@@ -16,13 +16,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from bench.context import TTL, Ctx, check, delete, new, since, start_holder, tracked
+from bench.registry import figure
 from bench.report import Anchor, Row
 from sbx.sdk import Sandbox
-
-if TYPE_CHECKING:
-    from bench.figures import Ctx
 
 ANCHORS = {
     "template": Anchor(0.15, "0.15 s", "E2B: a sandbox starts in ~150 ms (every sandbox is a resumed snapshot)"),
@@ -71,16 +69,15 @@ def _started_from(node_dir: Path, sid: str) -> str:
         return "?"
 
 
+@figure("template", order=110)
 def fig_template(ctx: Ctx) -> list[Row]:
     """``template``: create small → first exec answered, from a warm sandbox, from the template and cold (see the
     module docstring)."""
-    from bench import figures as F
-
     node_dir = ctx.srv.settings.node_dir
     samples: dict[str, list[float]] = {"pool": [], "template": [], "boot": []}
-    with F._tracked(ctx) as ids:
-        first = F._new(ctx, ids, "small", "bench-template-first")  # a cold boot that asks for the template
-        F._delete(ctx, first.id)
+    with tracked(ctx) as ids:
+        first = new(ctx, ids, "small", "bench-template-first")  # a cold boot that asks for the template
+        delete(ctx, first.id)
         ids.discard(first.id)
         wait_template(node_dir)
         pool = max(1, ctx.srv.settings.warm_pool)
@@ -88,16 +85,16 @@ def fig_template(ctx: Ctx) -> list[Row]:
         def make(name: str, kind: str | None) -> None:
             """Create ``name``; with ``kind``, time it to its first exec and check it started that way."""
             t0 = time.perf_counter()
-            sb = Sandbox.create(type="small", name=name, ttl=F.TTL, client=ctx.sdk, cold=kind == "boot")
+            sb = Sandbox.create(type="small", name=name, ttl=TTL, client=ctx.sdk, cold=kind == "boot")
             ids.add(sb.id)
             ctx.made.add(sb.id)
             if kind is None:
                 return
             r = sb.exec("true")
-            samples[kind].append(F._since(t0))
-            F._check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
+            samples[kind].append(since(t0))
+            check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
             got = _started_from(node_dir, sb.id)
-            F._check(got == kind, f"{sb.id} started from {got!r}, not {kind!r}")
+            check(got == kind, f"{sb.id} started from {got!r}, not {kind!r}")
 
         for i in range(ctx.repeats):
             wait_warm(node_dir, count=pool)
@@ -108,7 +105,7 @@ def fig_template(ctx: Ctx) -> list[Row]:
             wait_warm(node_dir, count=pool)  # a boot does not compete with those restores
             make(f"bench-template-{i}-boot", "boot")
             for sid in list(ids):
-                F._delete(ctx, sid)
+                delete(ctx, sid)
                 ids.discard(sid)
     return [
         Row("template", "create small from a warm sandbox → first exec (SDK)", "s", samples["pool"],
@@ -120,35 +117,25 @@ def fig_template(ctx: Ctx) -> list[Row]:
     ]
 
 
+@figure("forkmem", order=120)
 def fig_forkmem(ctx: Ctx) -> list[Row]:
     """``forkmem``: fork with memory → exec answered at 128 MiB (see the module docstring)."""
-    from bench import figures as F
-
     samples: list[float] = []
-    with F._tracked(ctx) as ids:
-        src = F._new(ctx, ids, "default", "bench-forkmem-src")
-        r = src.exec(f"cat > ~/bench-ws.py <<'PYEOF'\n{F.HOLDER}PYEOF")
-        F._check(r.exit_code == 0, f"writing the holder script: {r.stderr}")
-        src.exec_detached("python3 ~/bench-ws.py 128")
-        deadline = time.monotonic() + 300
-        pid = ""
-        while not pid:
-            F._check(time.monotonic() < deadline, "the 128 MiB holder did not get ready")
-            pid = src.exec("cat ~/bench-ws.ready 2>/dev/null").stdout.strip()
-            if not pid:
-                time.sleep(0.2)
+    with tracked(ctx) as ids:
+        src = new(ctx, ids, "default", "bench-forkmem-src")
+        pid = start_holder(src, 128, "128 MiB")
         for i in range(ctx.repeats):
             t0 = time.perf_counter()
-            fork = src.fork(ttl=F.TTL, name=f"bench-forkmem-{i}", memory=True)
+            fork = src.fork(ttl=TTL, name=f"bench-forkmem-{i}", memory=True)
             ids.add(fork.id)
             ctx.made.add(fork.id)
             r = fork.exec(f"kill -0 {pid}")
-            samples.append(F._since(t0))
-            F._check(r.exit_code == 0, f"the holder {pid} is not in fork {fork.id}")
-            F._check(fork.data.get("memoryRestored") is True, f"fork {fork.id} has memoryRestored "
-                     f"{fork.data.get('memoryRestored')}")
-            F._delete(ctx, fork.id)
+            samples.append(since(t0))
+            check(r.exit_code == 0, f"the holder {pid} is not in fork {fork.id}")
+            check(fork.data.get("memoryRestored") is True, f"fork {fork.id} has memoryRestored "
+                  f"{fork.data.get('memoryRestored')}")
+            delete(ctx, fork.id)
             ids.discard(fork.id)
-        F._check(src.exec(f"kill -0 {pid}").exit_code == 0, "the source's holder did not survive the forks")
+        check(src.exec(f"kill -0 {pid}").exit_code == 0, "the source's holder did not survive the forks")
     return [Row("forkmem", "fork --memory running default (128 MiB held) → exec answered (SDK)", "s", samples,
                 ANCHORS["forkmem"], "same pid in the fork")]

@@ -4,7 +4,7 @@ Where :mod:`bench.migrate` times the move at the node level (the source's freeze
 confirmation), this figure times what a user of the sandbox sees, through the server: one ``sbx server`` drives
 two node agents in network namespaces of their own (:func:`bench.xresume.two_nodes`, nodes 7 and 8 of the run's
 slot; the dev install). A ``default`` sandbox whose python3 holds 128 MiB of touched random memory
-(:data:`bench.figures.HOLDER`) is moved back and forth with the SDK's ``Sandbox.migrate(wait=True)`` (``POST
+(:data:`bench.context.HOLDER`) is moved back and forth with the SDK's ``Sandbox.migrate(wait=True)`` (``POST
 /v1/sandboxes/{id}/migrate?wait=true``, what ``sbx migrate`` and a drain call), ``repeats`` moves rounded up to an
 even number; meanwhile a client thread sends ``exec("echo ok")`` through the server in a loop, each as soon as the
 last answered. Per move:
@@ -29,11 +29,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.context import TTL, Ctx, check, start_holder, tracked
 from bench.migrate import ANCHOR, loadavg, moves
+from bench.registry import figure
 from bench.report import Row
 
 if TYPE_CHECKING:
-    from bench.figures import Ctx
     from sbx.sdk import Sandbox
 
 MIB = 128
@@ -77,13 +78,13 @@ class ClientLoop:
         return max((b - a for a, b in zip(window, window[1:], strict=False)), default=0.0)
 
 
+@figure("migclient", order=140, opt_in=True, needs_server=False)
 def fig_migclient(ctx: Ctx) -> list[Row]:
     """``migclient``: see the module docstring. Rows: the client-seen pause (s, against Sandbox0's trigger →
     usable), trigger → settled through the server (s), the node-level pause from the events (s). Raises
     ``RuntimeError`` when a move fails, lands on the wrong node, loses the holder or the client saw an error."""
     import pytest
 
-    from bench import figures as F
     from bench.xresume import keep_logs, two_nodes
     from sbx.sdk import Sandbox
     from sbx.sdk import nodes as N
@@ -98,13 +99,13 @@ def fig_migclient(ctx: Ctx) -> list[Row]:
             try:
                 with two_nodes(ctx, Path(tmp)) as (srv, nodes), srv.client() as sdk:
                     names = [n.node_name for n in nodes]
-                    sub = F.Ctx(srv, sdk, ctx.repeats, say=ctx.say)
-                    with F._tracked(sub) as ids:
+                    sub = Ctx(srv, sdk, ctx.repeats, say=ctx.say)
+                    with tracked(sub) as ids:
                         sdk.run(N.cordon(names[1], True))
-                        sb = Sandbox.create(type="default", name="bench-migclient", ttl=F.TTL, client=sdk)
+                        sb = Sandbox.create(type="default", name="bench-migclient", ttl=TTL, client=sdk)
                         ids.add(sb.id)
                         sdk.run(N.cordon(names[1], False))
-                        pid = F.start_holder(sb, MIB, f"{MIB} MiB")
+                        pid = start_holder(sb, MIB, f"{MIB} MiB")
                         ctx.say(f"  {MIB} MiB held by pid {pid} in a default sandbox {sb.id} on {names[0]}")
                         client = ClientLoop(Sandbox(dict(sb.data), sdk))
                         client.start()
@@ -118,17 +119,17 @@ def fig_migclient(ctx: Ctx) -> list[Row]:
                                 time.sleep(0.5)  # the client's first answers after the move
                                 settled.append(t1 - t0)
                                 seen.append(client.gap(t0, t1))
-                                F._check(sb.data.get("node") == to and sb.data.get("state") == "running",
-                                         f"move {i + 1}: {sb.id} is {sb.data.get('state')} on "
-                                         f"{sb.data.get('node')}, wanted running on {to}")
+                                check(sb.data.get("node") == to and sb.data.get("state") == "running",
+                                      f"move {i + 1}: {sb.id} is {sb.data.get('state')} on "
+                                      f"{sb.data.get('node')}, wanted running on {to}")
                                 event = [e for e in sdk.run(P.events(sb.id)) if e.get("event") == "migrated"][-1]
                                 paused.append(float(event["pauseS"]))
                                 ctx.say(f"  move {i + 1} → {to}: client-seen pause {seen[-1]:.2f} s, settled "
                                         f"{settled[-1]:.2f} s, node pause {paused[-1]:.2f} s, load {loadavg():.2f}")
                         finally:
                             client.stop()
-                        F._check(not client.errors, f"the client loop saw errors: {client.errors[:3]}")
-                        F._check(sb.exec(f"kill -0 {pid}").exit_code == 0, "the holder did not survive the moves")
+                        check(not client.errors, f"the client loop saw errors: {client.errors[:3]}")
+                        check(sb.exec(f"kill -0 {pid}").exit_code == 0, "the holder did not survive the moves")
                         answers = len(client.answers)
             except Exception as e:
                 raise RuntimeError(f"{e} (logs kept in {keep_logs(Path(tmp))})") from e

@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.registry import figure
 from bench.report import Anchor, Row
 
 if TYPE_CHECKING:
-    from bench.figures import Ctx
+    from bench.context import Ctx
     from sbx.node.remote.client import RemoteNode
 
 ANCHOR = Anchor(3.52, "3.52 s", "Sandbox0: drain trigger → usable destination, 128 MiB (3.40–3.64 s, n=6)")
@@ -153,6 +154,7 @@ def _working_set(ctx: Ctx, hosts: list[tuple[RemoteNode, str]], label: str, mib:
     ]
 
 
+@figure("migrate", order=130, opt_in=True, needs_server=False)
 def fig_migrate(ctx: Ctx) -> list[Row]:
     """``migrate``: see the module docstring. Rows per working set of :data:`SETS`: trigger → exec answered on the
     destination (s, against the anchor at 128 MiB), the pause (s; its note: the medians of freeze → dump made,

@@ -30,15 +30,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from bench.context import Ctx, check, cli_info, cli_new, delete, new, since, tracked, wait_exec
+from bench.memfigs import wait_template
+from bench.registry import figure
 from bench.report import Anchor, Row, fmt_time
 from bench.server import BenchServer, cleanup_host, running_server
 from sbx.config import Settings, load_settings
 from tests.nodenet import NodeAgentError, NodeHost, host_netns
-
-if TYPE_CHECKING:
-    from bench.figures import Ctx
 
 NODE_NAME = "benchnd"
 NETNS = "sbxbench-nd"
@@ -106,14 +105,12 @@ def _pair(embedded: Row, remote: Row) -> list[Row]:
     return [embedded, remote]
 
 
+@figure("remote", order=150, opt_in=True)
 def fig_remote(ctx: Ctx) -> list[Row]:
     """``remote``: create (``sbx new --type small``, SDK ``Sandbox.create``) and exec (SDK ``exec("true")``,
     ``sbx exec ID true``) through a node agent in its own network namespace vs the embedded node (module doc).
     Checks every remote sandbox is on the remote node and every exec exits 0. Returns 8 rows, embedded then
     remote for each operation."""
-    from bench.figures import Ctx, _check, _cli_info, _cli_new, _delete, _new, _since, _tracked, _wait_exec
-    from bench.memfigs import wait_template
-
     with remote_server(ctx.say) as (h, rsrv), rsrv.client() as rclient:
         rctx = Ctx(rsrv, rclient, ctx.repeats, say=ctx.say)
         sides = {"embedded": ctx, "remote": rctx}
@@ -126,54 +123,54 @@ def fig_remote(ctx: Ctx) -> list[Row]:
 
         def where(c: Ctx, sid: str, node: str | None) -> None:
             if c is rctx:
-                _check(node == h.node_name, f"{sid} is on node {node}, not on {h.node_name}")
+                check(node == h.node_name, f"{sid} is on node {node}, not on {h.node_name}")
 
-        with _tracked(ctx) as eids, _tracked(rctx) as rids:
+        with tracked(ctx) as eids, tracked(rctx) as rids:
             ids = {"embedded": eids, "remote": rids}
             # a first small sandbox boots cold and has its node build the small memory template, which every
             # later create starts from: both nodes get theirs before anything is timed
             for side, c in sides.items():
-                sb = _new(c, ids[side], "small", f"bench-remote-first-{side}")
+                sb = new(c, ids[side], "small", f"bench-remote-first-{side}")
                 where(c, sb.id, sb.data.get("node"))
-                _delete(c, sb.id)
+                delete(c, sb.id)
                 ids[side].discard(sb.id)
             wait_template(ctx.srv.settings.node_dir)
             wait_template(node_settings(h).node_dir)
             for i in range(ctx.repeats):
                 for side, c in order(i):
                     t0 = time.perf_counter()
-                    sid = _cli_new(c, ids[side], "small", f"bench-remote-new-{side}-{i}")
-                    samples[("new", side)].append(_since(t0))
-                    info = _cli_info(c, sid)
-                    _check(info["state"] == "running", f"sbx new returned with {sid} {info['state']}")
+                    sid = cli_new(c, ids[side], "small", f"bench-remote-new-{side}-{i}")
+                    samples[("new", side)].append(since(t0))
+                    info = cli_info(c, sid)
+                    check(info["state"] == "running", f"sbx new returned with {sid} {info['state']}")
                     where(c, sid, info.get("node"))
-                    _delete(c, sid)
+                    delete(c, sid)
                     ids[side].discard(sid)
                 for side, c in order(i + 1):
                     t0 = time.perf_counter()
-                    sb = _new(c, ids[side], "small", f"bench-remote-create-{side}-{i}")
-                    samples[("create", side)].append(_since(t0))
-                    _check(sb.data["state"] == "running", f"Sandbox.create returned with {sb.id} {sb.data['state']}")
+                    sb = new(c, ids[side], "small", f"bench-remote-create-{side}-{i}")
+                    samples[("create", side)].append(since(t0))
+                    check(sb.data["state"] == "running", f"Sandbox.create returned with {sb.id} {sb.data['state']}")
                     where(c, sb.id, sb.data.get("node"))
-                    _delete(c, sb.id)
+                    delete(c, sb.id)
                     ids[side].discard(sb.id)
             boxes = {}
             for side, c in sides.items():
-                sb = _new(c, ids[side], "small", f"bench-remote-exec-{side}")
+                sb = new(c, ids[side], "small", f"bench-remote-exec-{side}")
                 where(c, sb.id, sb.data.get("node"))
-                _wait_exec(sb)
+                wait_exec(sb)
                 boxes[side] = sb
             for i in range(max(20, 4 * ctx.repeats)):
                 for side, _c in order(i):
                     t0 = time.perf_counter()
                     r = boxes[side].exec("true")
-                    samples[("exec", side)].append(_since(t0))
-                    _check(r.exit_code == 0, f"exec in {boxes[side].id} exited {r.exit_code}")
+                    samples[("exec", side)].append(since(t0))
+                    check(r.exit_code == 0, f"exec in {boxes[side].id} exited {r.exit_code}")
             for i in range(max(5, ctx.repeats)):
                 for side, c in order(i):
                     t0 = time.perf_counter()
                     c.srv.sbx("exec", boxes[side].id, "true")
-                    samples[("cli", side)].append(_since(t0))
+                    samples[("cli", side)].append(since(t0))
 
     what = {"new": "sbx new --type small → running", "create": "Sandbox.create small → running (SDK)",
             "exec": "exec `true` round trip (SDK)", "cli": "sbx exec ID true (CLI process)"}

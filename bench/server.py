@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.egress import upstream_ca
 from sbx.config import Settings, load_settings
 from sbx.sdk import Client, SbxError
 from sbx.sdk import protocol as P
+from tests.outside import make_ca
 
 VENV_BIN = Path(sys.executable).parent
 NODE_NAME = os.environ.get("SBX_BENCH_NODE", "bench")
@@ -37,6 +37,8 @@ SUBNET = os.environ.get("SBX_BENCH_SUBNET", "10.92.0.0/16")
 """Node, bridge and subnet of the benchmark's server; SBX_BENCH_NODE / SBX_BENCH_BRIDGE / SBX_BENCH_SUBNET let two
 runs share a host."""
 PROFILE = "test"
+UPSTREAM_HOST = "bench-upstream.sbx-test.example"
+"""The name of the egress figure's upstream (:mod:`bench.egress`), in its certificate."""
 
 
 class ServerError(Exception):
@@ -45,6 +47,17 @@ class ServerError(Exception):
     def __init__(self, message: str, log_tail: str = ""):
         super().__init__(f"{message}\n{log_tail}" if log_tail else message)
         self.log_tail = log_tail
+
+
+def upstream_ca(tmp: Path) -> Path:
+    """Make the run's upstream CA and the upstream's certificate in ``tmp/egress`` (once); returns the CA file,
+    which the benchmark server is told to trust (``SBX_EGRESS_UPSTREAM_CA``) for the egress figure
+    (:mod:`bench.egress`)."""
+    folder = tmp / "egress"
+    if (folder / "ca.crt").is_file():
+        return folder / "ca.crt"
+    folder.mkdir(parents=True, exist_ok=True)
+    return make_ca(folder, "sbx bench upstream CA", {"server": UPSTREAM_HOST}, days=7)
 
 
 def sbx_binary() -> str:

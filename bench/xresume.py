@@ -5,7 +5,7 @@ as in the several-node tests (:mod:`tests.nodenet`, nodes 7 and 8 of the run's s
 needs the dev install): node 7 is the server's configured node (``SBX_NODE_URL``), node 8 is added with
 ``sbx node add URL --token T`` (README "One server, several nodes"). Per working set (128 MiB in a ``default``
 sandbox, then 1 GiB in an ``xlarge`` one, the test sizes of ``ws128`` / ``ws1g``) a detached python3 holds that
-much touched random memory (:data:`bench.figures.HOLDER`). Each round, on the same sandbox:
+much touched random memory (:data:`bench.context.HOLDER`). Each round, on the same sandbox:
 
 - same node: ``stop --wait`` (memory saved), only its node uncordoned, ``resume --wait`` until an exec answers;
 - cross node: ``stop --wait``, its node cordoned and the other uncordoned, ``resume --wait`` until an exec
@@ -37,10 +37,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.context import TTL, Ctx, check, du, since, start_holder, tracked, wait_exec
+from bench.registry import figure
 from bench.report import Anchor, Row
 
 if TYPE_CHECKING:
-    from bench.figures import Ctx
     from bench.server import BenchServer
     from tests.nodenet import NodeHost
 
@@ -117,7 +118,6 @@ def _working_set(ctx: Ctx, srv: BenchServer, nodes: list[NodeHost], label: str, 
     """The rounds of one working set (module docstring); rows: same-node resume, cross-node resume (reference:
     the same-node median), and the move itself as the server timed it. Raises ``RuntimeError`` when a resume
     lands on the wrong node, does not restore memory, or loses the holder."""
-    from bench import figures as F
     from sbx.config import load_settings
     from sbx.sdk import Sandbox
     from sbx.sdk import nodes as N
@@ -133,46 +133,46 @@ def _working_set(ctx: Ctx, srv: BenchServer, nodes: list[NodeHost], label: str, 
     cross: list[float] = []
     images: list[int] = []
     with srv.client() as sdk:
-        sub = F.Ctx(srv, sdk, ctx.repeats, say=ctx.say)
-        with F._tracked(sub) as ids:
+        sub = Ctx(srv, sdk, ctx.repeats, say=ctx.say)
+        with tracked(sub) as ids:
             only(names[0])
-            sb = Sandbox.create(type=type, name=f"bench-xresume-{mib}", ttl=F.TTL, client=sdk)
+            sb = Sandbox.create(type=type, name=f"bench-xresume-{mib}", ttl=TTL, client=sdk)
             ids.add(sb.id)
-            F._check(sb.data.get("node") == names[0], f"{sb.id} was placed on {sb.data.get('node')}")
-            pid = F.start_holder(sb, mib, label)
+            check(sb.data.get("node") == names[0], f"{sb.id} was placed on {sb.data.get('node')}")
+            pid = start_holder(sb, mib, label)
             ctx.say(f"  {label} held by pid {pid} in a {type} sandbox {sb.id} on {names[0]}")
             here = 0
             for i in range(runs):
                 for moving, samples in ((False, same), (True, cross)):
                     sb.stop(wait=True)
-                    F._check(sb.data.get("memorySaved") is True, f"round {i + 1}: {sb.id} stopped without its memory "
-                             f"(stopReason {sb.data.get('stopReason')}, stopError {sb.data.get('stopError')})")
+                    check(sb.data.get("memorySaved") is True, f"round {i + 1}: {sb.id} stopped without its memory "
+                          f"(stopReason {sb.data.get('stopReason')}, stopError {sb.data.get('stopError')})")
                     if not moving:
                         node = nodes[here]
                         mem = load_settings(node_name=node.node_name, bridge=node.bridge, subnet=node.subnet,
                                             profile="test", state_dir=node.state).node_dir
-                        size = F._du(mem / "sandboxes" / sb.id / "memory")
+                        size = du(mem / "sandboxes" / sb.id / "memory")
                         if size is not None:
                             images.append(size)
                     to = 1 - here if moving else here
                     only(names[to])
                     t0 = time.perf_counter()
                     sb.resume(wait=True)
-                    F._wait_exec(sb)
-                    samples.append(F._since(t0))
+                    wait_exec(sb)
+                    samples.append(since(t0))
                     sb.info()
-                    F._check((sb.data.get("node"), sb.data.get("memoryRestored")) == (names[to], True),
-                             f"round {i + 1}: {sb.id} resumed on {sb.data.get('node')} with memoryRestored "
-                             f"{sb.data.get('memoryRestored')} (resumeReason {sb.data.get('resumeReason')}), "
-                             f"wanted {names[to]} with memory")
-                    F._check(sb.exec(f"kill -0 {pid}").exit_code == 0,
-                             f"round {i + 1}: the holder {pid} did not survive the resume on {names[to]}")
+                    check((sb.data.get("node"), sb.data.get("memoryRestored")) == (names[to], True),
+                          f"round {i + 1}: {sb.id} resumed on {sb.data.get('node')} with memoryRestored "
+                          f"{sb.data.get('memoryRestored')} (resumeReason {sb.data.get('resumeReason')}), "
+                          f"wanted {names[to]} with memory")
+                    check(sb.exec(f"kill -0 {pid}").exit_code == 0,
+                          f"round {i + 1}: the holder {pid} did not survive the resume on {names[to]}")
                     here = to
                     what = f"{names[1 - to]} → {names[to]}" if moving else f"on {names[to]}"
                     ctx.say(f"  round {i + 1}: resume {what} {samples[-1]:.2f} s")
             moves = _moves(srv.log, sb.id)
-    F._check(len(moves) == runs and all(m["memory"] for m in moves),
-             f"the server logged {len(moves)} moves with memory of {sb.id}, wanted {runs}: {moves}")
+    check(len(moves) == runs and all(m["memory"] for m in moves),
+          f"the server logged {len(moves)} moves with memory of {sb.id}, wanted {runs}: {moves}")
     sent = statistics.median(m["bytes"] for m in moves)
     img = int(statistics.median(images)) if images else 0
     requested = ctx.repeats if runs < ctx.repeats else None
@@ -191,6 +191,7 @@ def _working_set(ctx: Ctx, srv: BenchServer, nodes: list[NodeHost], label: str, 
     ]
 
 
+@figure("xresume", order=160, opt_in=True, needs_server=False)
 def fig_xresume(ctx: Ctx) -> list[Row]:
     """``xresume``: see the module docstring; 128 MiB for ``repeats`` rounds, then 1 GiB for ``min(repeats, 3)``.
     Raises ``RuntimeError`` when the setup fails or a resume misses (wrong node, memory not restored, holder

@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from bench import report
-from bench.__main__ import default_figures, parse_args
-from bench.figures import ANCHORS, FIGURES, GOALS
+from bench.__main__ import FIGURES, default_figures, parse_args
+from bench.figures import ANCHORS, GOALS
+from bench.registry import figure, figures
 from bench.report import Anchor, Row
 
 STOP = Anchor(2.2, "2.2 s", "resize guide: sbx stop --wait")
@@ -162,3 +163,22 @@ def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str])
         parse_args(argv)
     assert e.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_figures_declare_where_they_run() -> None:
+    assert {n for n, f in FIGURES.items() if f.opt_in} == {"density", "migrate", "migclient", "remote", "xresume"}
+    assert {n for n, f in FIGURES.items() if not f.needs_server} == {"disk", "migrate", "migclient", "xresume"}
+    assert FIGURES["create"].run.__module__ == "bench.figures" and FIGURES["xresume"].run.__module__ == "bench.xresume"
+
+
+def test_a_figure_name_or_place_is_taken_once() -> None:
+    def fig_other(ctx):  # type: ignore[no-untyped-def]
+        return []
+
+    with pytest.raises(ValueError, match="'create'.*clashes with 'create'"):
+        figure("create", order=999)(fig_other)
+    with pytest.raises(ValueError, match="order 10.*clashes with 'create'"):
+        figure("other", order=10)(fig_other)
+    again = FIGURES["grow"]
+    assert figure("grow", order=again.order)(again.run) is again.run  # the same function again: no clash
+    assert list(figures()) == list(FIGURES)  # nothing was added by the refused ones
