@@ -4,10 +4,11 @@ It holds the node's state (settings, folders, the runc runtime, per-sandbox lock
 sandbox's files live (disk, memory image, bundle, mounts), its record ``node.json`` (read, saved atomically,
 phase changes, network lease, uid range), and the helpers several mechanisms use: mounting and unmounting the
 disk, tearing a container down, discarding or judging a memory image, sealing the disk, and the running check.
-The mixins in :mod:`sbx.node.lifecycle.containers`, :mod:`sbx.node.memory.stopresume`, :mod:`sbx.node.exec.jobs`,
-:mod:`sbx.node.lifecycle.snapshots`, :mod:`sbx.node.lifecycle.stats`, :mod:`sbx.node.lifecycle.watching` and
-:mod:`sbx.node.lifecycle.reconcile` build
-on it.
+
+The mixins of :mod:`sbx.node.lifecycle`, :mod:`sbx.node.memory`, :mod:`sbx.node.exec` and :mod:`sbx.node.migration`
+build on it and call each other only through the methods declared at the end of :class:`NodeBase`. It is built from
+the mechanisms below it (:mod:`sbx.node.network`, :mod:`sbx.node.host`, :mod:`sbx.node.container`), which know no node
+object (the layers contract in ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
 from sbx.runtime.pageserver import PageReceiver
 from sbx.runtime.runc import RuncRuntime, remove_tree
-from sbx.storage import mounts, seals
+from sbx.storage import seals
 from sbx.storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -79,9 +80,8 @@ class NodeBase:
         self._env_cache: dict[str, tuple[int, list[str]]] = {}
         self._template_builds: set[str] = set()  # keys of memory templates being built (sbx.node.memory.templates)
         self._template_guard = threading.Lock()
-        # warm sandboxes (sbx.node.memory.warmpool): ready ids by size name, taken ids (size, monotonic time taken),
-        # sizes
-        # being filled; all under _pool_guard
+        # warm sandboxes (sbx.node.memory.warmpool): ready ids by size name, taken ids (size, monotonic time
+        # taken), sizes being filled; all under _pool_guard
         self._pool_ready: dict[str, list[str]] = {}
         self._pool_taken: dict[str, tuple[str, float]] = {}
         self._pool_filling: set[str] = set()
@@ -254,27 +254,9 @@ class NodeBase:
             raise NodeError("boot_failed", f"mounting the disk: {e}") from e
 
     def _umount(self, sid: str, wait: float = 15.0) -> None:
-        """Unmount the sandbox's disk (the idmapped view first, then the plain mount, then any other mount of it)
-        and wait until no loop device holds the image any more, so the next e2fsck/resize2fs/reflink sees a quiet
-        file (a dying container's mount namespace can keep the filesystem alive for a moment after the host's
-        unmount, and the loop device then detaches lazily). Copies of the mount that other mount namespaces still
-        hold after 0.5 s (at once with ``wait`` 0, a delete's: it doesn't wait for the loop device) are unmounted
-        there (:func:`sbx.node.container.rootfs.release_holders`)."""
-        rootfs.umount_root(self._disk(sid), self._rootfs(sid))
-        start = time.monotonic()
-        released = False
-        while mounts.loop_devices_for(self._disk(sid)):
-            waited = time.monotonic() - start
-            if not released and (waited > 0.5 or waited >= wait):  # another mount namespace holds a copy
-                released = True
-                for held in rootfs.release_holders(self._disk(sid)):
-                    log.warning("%s: unmounted the copy of its disk that process %s held", sid, held)
-                continue
-            if waited >= wait:
-                if wait:
-                    log.warning("%s: a loop device still holds its disk %.0f s after the unmount", sid, wait)
-                break
-            time.sleep(0.05)
+        """Unmount the sandbox's disk and wait up to ``wait`` seconds until no loop device holds the image
+        (:func:`sbx.node.container.rootfs.unmount_disk`)."""
+        rootfs.unmount_disk(self._disk(sid), self._rootfs(sid), sid, wait)
 
     def _cleanup_container(self, sid: str, wait: float = 15.0) -> None:
         """Delete the container and wait until its cgroup holds no process, then remove its veth and cgroups."""

@@ -158,6 +158,30 @@ def umount_root(image: Path, rootfs: Path, busy_wait: float = BUSY_WAIT) -> None
         mps = _mounts_of(image)
 
 
+def unmount_disk(image: Path, rootfs: Path, name: str, wait: float = 15.0) -> None:
+    """Unmount the sandbox ``name``'s disk ``image`` (:func:`umount_root`: the idmapped view at ``rootfs`` first,
+    then the plain mount, then any other mount of it) and wait until no loop device holds the image any more, so
+    the next e2fsck/resize2fs/reflink sees a quiet file (a dying container's mount namespace can keep the filesystem
+    alive for a moment after the host's unmount, and the loop device then detaches lazily). Copies of the mount that
+    other mount namespaces still hold after 0.5 s (at once with ``wait`` 0, a delete's: it doesn't wait for the loop
+    device) are unmounted there (:func:`release_holders`). Raises what :func:`umount_root` raises."""
+    umount_root(image, rootfs)
+    start = time.monotonic()
+    released = False
+    while mounts.loop_devices_for(image):
+        waited = time.monotonic() - start
+        if not released and (waited > 0.5 or waited >= wait):  # another mount namespace holds a copy
+            released = True
+            for held in release_holders(image):
+                log.warning("%s: unmounted the copy of its disk that process %s held", name, held)
+            continue
+        if waited >= wait:
+            if wait:
+                log.warning("%s: a loop device still holds its disk %.0f s after the unmount", name, wait)
+            break
+        time.sleep(0.05)
+
+
 def _mounts_of(image: Path) -> list[Path]:
     return [mp for dev in mounts.loop_devices_for(image) for mp in mounts.mountpoints_of(dev)]
 

@@ -88,8 +88,8 @@ class LifecycleMixin(NodeBase):
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
             uid_base=rec.get("uidBase", 0),
             mask_dir=str(_mask_dir(bundle)),
-            # a stdlib-only client: the node's hook server does the work (sbx.node.network.hookd; ~0.25 s less per
-            # restore)
+            # a stdlib-only client: the node's hook server does the work (sbx.node.network.hookd; ~0.25 s less
+            # per restore)
             hook_argv=[sys.executable, "-I", "-S",
                        str(Path(__file__).resolve().parents[1] / "network" / "hookclient.py"),
                        str(self.run_dir / "hookd" / "hook.sock"), str(bundle / "lease.json"), self.settings.bridge,
@@ -127,8 +127,8 @@ class LifecycleMixin(NodeBase):
 
     def _boot(self, sid: str, size: Size, fresh_identity: bool) -> None:
         """Cold boot from the disk: mount, write identity, start runc, wait for systemd. A sandbox made before
-        shifted maps gets its own uid range here (nothing on disk changes; only a memory restore needed the
-        identity map). A record with ``freshIdentity`` (a fork made stopped to move:
+        shifted maps gets its own uid range here (nothing on disk changes; only a memory restore needed the identity
+        map). A record with ``freshIdentity`` (a fork made stopped to move:
         :meth:`sbx.node.lifecycle.snapshots.SnapshotMixin.fork_stopped`) gets a new identity, as ``fresh_identity``
         asks."""
         self._discard_memory(sid)

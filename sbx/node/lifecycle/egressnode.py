@@ -1,7 +1,6 @@
 """The node's side of the egress proxy (:mod:`sbx.node.network.egressproxy`): which sandboxes send their outbound
-HTTP(S)
-through it, the environment and CA certificate a sandbox gets so it trusts it, and the control plane's answers to
-its questions. Part of :class:`sbx.node.agent.LocalNode`.
+HTTP(S) through it, the environment and CA certificate a sandbox gets so it trusts it, and the control plane's answers
+to its questions. Part of :class:`sbx.node.agent.LocalNode`.
 """
 
 from __future__ import annotations

@@ -39,15 +39,14 @@ class SnapshotMixin(NodeBase):
             self._boot(spec.id, spec.size, fresh_identity=True)
 
     def fork_stopped(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
-        """Make ``spec`` a fork of ``source_id`` that does not start here: a stopped sandbox to move to another
-        node (:mod:`sbx.control.sandboxes.forking`). Its disk is a reflink copy of the source's (frozen for the copy
-        when it
-        runs) grown to ``spec.size``: phase ``stopped``. With ``memory`` the running source pauses for the copy and
-        a ``--leave-running`` dump as for :meth:`fork` with memory, and the dump becomes the fork's own image
+        """Make ``spec`` a fork of ``source_id`` that does not start here: a stopped sandbox to move to another node
+        (:mod:`sbx.control.sandboxes.forking`). Its disk is a reflink copy of the source's (frozen for the copy when it
+        runs) grown to ``spec.size``: phase ``stopped``. With ``memory`` the running source pauses for the copy and a
+        ``--leave-running`` dump as for :meth:`fork` with memory, and the dump becomes the fork's own image
         (:meth:`sbx.node.memory.memcopy.MemoryCopyMixin._seal_fork_memory`): phase ``checkpointed``. The record holds
-        ``freshIdentity``: its first start, on whatever node, writes its new identity into the disk (a cold boot
-        as :meth:`fork`'s; a memory restore also restarts the guest's identity service and sshd, as a fork with
-        memory does). The source is not otherwise touched.
+        ``freshIdentity``: its first start, on whatever node, writes its new identity into the disk (a cold boot as
+        :meth:`fork`'s; a memory restore also restarts the guest's identity service and sshd, as a fork with memory
+        does). The source is not otherwise touched.
 
         Raises ``NodeError``: ``not_found``, ``not_running`` (``memory`` and the source does not run),
         ``fork_failed``; nothing of the fork is left then."""

@@ -30,10 +30,9 @@ class WatchMixin(NodeBase):
     def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
         """Start noticing running sandboxes whose init ended on its own (checked about once a second, see
         :mod:`sbx.node.container.watch`). For each, the node removes the container, its veth and cgroups, unmounts the
-        disk
-        (kept, no memory image) and calls ``on_exit(id, kind, detail)`` with ``kind`` ``"poweroff"`` (power-off
-        or halt inside), ``"reboot"`` (reboot inside: the caller should boot it again) or ``"crashed"`` (init
-        killed or died; ``detail`` says so). Idempotent; :meth:`unwatch` stops it."""
+        disk (kept, no memory image) and calls ``on_exit(id, kind, detail)`` with ``kind`` ``"poweroff"`` (power-off or
+        halt inside), ``"reboot"`` (reboot inside: the caller should boot it again) or ``"crashed"`` (init killed or
+        died; ``detail`` says so). Idempotent; :meth:`unwatch` stops it."""
         self._on_exit = on_exit
         if self._watcher is None:
             self._kernel_ooms.open()

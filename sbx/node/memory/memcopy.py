@@ -120,14 +120,13 @@ class MemoryCopyMixin(NodeBase):
         ``sbx-identity.service`` and ``ssh.service`` restarted without waiting (``--no-block``): new SSH host keys
         (``ssh-keygen -A`` takes ~0.4 s here, mostly RSA) and sshd running with them a moment after the sandbox
         answers. ``holds_sshd``: the restored memory holds a running sshd with another sandbox's host keys (a
-        fork's, from its source): the restart is queued before this returns, so neither the operation's answer
-        nor a crash right after it leaves a running sandbox whose sshd serves another sandbox's key. A template
-        holds no host keys and no running sshd (:mod:`sbx.node.memory.templates`): with ``holds_sshd`` false the
-        restart is
-        asked for by a thread of its own (:meth:`_restart_identity`) and the answer does not wait for systemctl
-        (~25 ms here). Either way that thread then waits, under the sandbox's lock, until the restarts ended.
-        Commands go through the sandbox's exec agent (restored with its memory, listening at once: ~5 ms) or, when
-        it does not answer, ``runc exec`` (~35 ms here). Raises ``RuntimeError_``."""
+        fork's, from its source): the restart is queued before this returns, so neither the operation's answer nor a
+        crash right after it leaves a running sandbox whose sshd serves another sandbox's key. A template holds no host
+        keys and no running sshd (:mod:`sbx.node.memory.templates`): with ``holds_sshd`` false the restart is asked for
+        by a thread of its own (:meth:`_restart_identity`) and the answer does not wait for systemctl (~25 ms here).
+        Either way that thread then waits, under the sandbox's lock, until the restarts ended. Commands go through the
+        sandbox's exec agent (restored with its memory, listening at once: ~5 ms) or, when it does not answer, ``runc
+        exec`` (~35 ms here). Raises ``RuntimeError_``."""
         clear = (r"find /tmp -mindepth 1 -maxdepth 1 ! -name 'systemd-private-*' ! -name '.*-unix' "
                  r"-exec rm -rf {} +")
         if identity and holds_sshd:

@@ -1,8 +1,7 @@
 """Live migration of a running sandbox to another node (issue 11), the source's side: :class:`MigrationMixin`
 (``migrate_out``: pre-copy, freeze, the dump to the destination's page server, the hand-over, the take-back on a
-failure) and its restart in the middle of one (:meth:`MigrationMixin._reconcile_migration`). The steps of a whole
-move, and :func:`sbx.node.migration.live.migrate` that drives one, are in :mod:`sbx.node.migration.live`; the
-destination's
+failure) and its restart in the middle of one (:meth:`MigrationMixin._reconcile_migration`). The steps of a whole move,
+and :func:`sbx.node.migration.live.migrate` that drives one, are in :mod:`sbx.node.migration.live`; the destination's
 side is :mod:`sbx.node.migration.incoming`.
 """
 

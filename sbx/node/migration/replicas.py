@@ -13,11 +13,10 @@ A stopped sandbox's seal lives on its node's volume. So that the sandbox outlive
 3. ``A.end_export(id, "replica")``.
 
 A replica is inert: no record in ``sandboxes/``, no container, no lease; the node's reconcile never looks at it.
-When the sandbox's node is gone, ``B.promote_replica(id)`` makes it a stopped sandbox of B exactly as an import's
-commit does (:meth:`sbx.node.migration.transfer.TransferMixin.commit_import`: delta applied onto B's base image, memory
-image
-retargeted to B's uid range, a lease on B's bridge). Which replica is current is the control plane's to say (the
-store's ``seal_replicas`` row); ``B.replicas()`` lists what B holds so the control plane can drop the others
+When the sandbox's node is gone, ``B.promote_replica(id)`` makes it a stopped sandbox of B exactly as an import's commit
+does (:meth:`sbx.node.migration.transfer.TransferMixin.commit_import`: delta applied onto B's base image, memory image
+retargeted to B's uid range, a lease on B's bridge). Which replica is current is the control plane's to say (the store's
+``seal_replicas`` row); ``B.replicas()`` lists what B holds so the control plane can drop the others
 (``B.drop_replica(id)``).
 """
 

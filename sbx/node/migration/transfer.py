@@ -156,16 +156,14 @@ class TransferMixin(NodeBase):
             raise NodeError("transfer_failed", f"hashing the base image: {e}") from e
 
     def export_stopped(self, id: str, parent: dict[str, str] | None = None, kind: str = "move") -> dict[str, Any]:
-        """Prepare the stopped sandbox ``id`` for a move (step 2 of the module docstring): the disk delta against
-        this node's base image when ``parent`` (the destination's :meth:`transfer_parent`) has the same digest,
-        else a full one. ``kind="replica"``: for a seal replica (:mod:`sbx.node.migration.replicas`): prepared apart
-        from a
-        move's export, and the memory image's files are hard-linked into it, so a resume that discards the image
-        meanwhile, or a later dump, can't change what is sent. Returns the manifest: ``{"id", "spec", "size",
-        "diskGen", "uidBase", "oomKills", "memory": bool, "freshIdentity": bool (a fork whose first start is still
-        to come), "parent": {"image","sha256"} | None, "fingerprint": {...} | None, "files": {name: {"size",
-        "sha256"}}}``.
-        Raises ``NodeError``: ``not_found``, ``invalid_state`` (it runs), ``transfer_failed``."""
+        """Prepare the stopped sandbox ``id`` for a move (step 2 of the module docstring): the disk delta against this
+        node's base image when ``parent`` (the destination's :meth:`transfer_parent`) has the same digest, else a full
+        one. ``kind="replica"``: for a seal replica (:mod:`sbx.node.migration.replicas`): prepared apart from a move's
+        export, and the memory image's files are hard-linked into it, so a resume that discards the image meanwhile, or
+        a later dump, can't change what is sent. Returns the manifest: ``{"id", "spec", "size", "diskGen", "uidBase",
+        "oomKills", "memory": bool, "freshIdentity": bool (a fork whose first start is still to come), "parent":
+        {"image","sha256"} | None, "fingerprint": {...} | None, "files": {name: {"size", "sha256"}}}``. Raises
+        ``NodeError``: ``not_found``, ``invalid_state`` (it runs), ``transfer_failed``."""
         with self._lock(id):
             rec = self._record(id)
             if self.runtime.state(id) is not None or rec["phase"] not in ("checkpointed", "stopped"):

@@ -150,11 +150,10 @@ def host_networks() -> list[str]:
 
 
 def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] | None = None) -> EgressPolicy:
-    """The node's policy: :data:`DEFAULT_DENY` plus :func:`host_networks`, ``allow`` parsed by
-    :func:`parse_allow` (raises :class:`EgressConfigError` when bad), and services for the host's nameservers and
-    the apt mirrors of ``apt_lines`` (default: the image's, :func:`sbx.node.host.aptsources.mirror_lines`; none when
-    the host
-    lists no Debian mirror). Resolves the mirror host names, so call it once at server start."""
+    """The node's policy: :data:`DEFAULT_DENY` plus :func:`host_networks`, ``allow`` parsed by :func:`parse_allow`
+    (raises :class:`EgressConfigError` when bad), and services for the host's nameservers and the apt mirrors of
+    ``apt_lines`` (default: the image's, :func:`sbx.node.host.aptsources.mirror_lines`; none when the host lists no
+    Debian mirror). Resolves the mirror host names, so call it once at server start."""
     allowed = parse_allow(allow)
     if apt_lines is None:
         from sbx.node.host.aptsources import NoMirror, mirror_lines

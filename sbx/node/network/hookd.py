@@ -3,8 +3,7 @@
 runc runs the prestart hook on every boot and, in the middle of CRIU's restore, on every resume with memory.
 Started as its own Python process (:mod:`sbx.node.network.nethook`), the hook spent ~0.25 s importing pyroute2 before it
 did ~10 ms of work, and CRIU waited for it. Now runc runs :mod:`sbx.node.network.hookclient`, a stdlib-only script,
-which
-sends its arguments and runc's state here; a thread of this server does the same work
+which sends its arguments and runc's state here; a thread of this server does the same work
 (:func:`sbx.node.network.nethook.apply`) with everything already imported and answers ``ok`` or the error.
 
 The socket is ``/run/sbx/<node>/hookd/hook.sock``, mode 0600 in a root-only folder of its own; a connection whose

@@ -1,14 +1,13 @@
-"""OCI ``prestart`` hook of a sandbox: ``python -m sbx.node.network.nethook LEASE_FILE BRIDGE NODE [CGROUP_PATH
-UID_BASE]``.
+"""OCI ``prestart`` hook of a sandbox:
+``python -m sbx.node.network.nethook LEASE_FILE BRIDGE NODE [CGROUP_PATH UID_BASE]``.
 
 It hands the container its cgroups (:func:`sbx.node.container.cgdelegate.delegate` to host uid/gid ``UID_BASE``, the
 sandbox's shifted root; skipped for ``UID_BASE`` 0, the identity map) and wires its network (pinned by node
 ``NODE``'s bridge rules).
 
 runc runs it with the container state JSON on stdin (OCI runtime spec, "hooks": the state includes ``pid``, the
-container init's host PID), after it made the namespaces and before systemd starts; on CRIU restore runc runs it
-again for the fresh network namespace. ``LEASE_FILE`` holds the sandbox's :class:`sbx.node.network.bridge.Lease` as
-JSON.
+container init's host PID), after it made the namespaces and before systemd starts; on CRIU restore runc runs it again
+for the fresh network namespace. ``LEASE_FILE`` holds the sandbox's :class:`sbx.node.network.bridge.Lease` as JSON.
 Exits non-zero (failing the start) if wiring fails. The node normally runs the same work in its own process
 (:mod:`sbx.node.network.hookd`, reached by :mod:`sbx.node.network.hookclient`); this entry point is the fallback.
 """

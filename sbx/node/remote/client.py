@@ -90,7 +90,7 @@ class RemoteNode(EgressClient):
         self._check(resp)
         return wire.decode(resp.json()["result"])
 
-    # --- host-side steps the server runs around the control plane -----------------------------------------------
+    # --- host-side steps the server runs around the control plane ------------------------------------------------
     def prepare(self, progress: Callable[[str], None] | None = None, wait: float = 60.0) -> None:
         """Wait up to ``wait`` seconds until the node answers its health check with this token (the node
         prepares its own host). Raises ``node_unreachable`` or ``node_unauthorized``."""
@@ -140,8 +140,7 @@ class RemoteNode(EgressClient):
             self._relay = (httpx.URL(self.url).host, port)
         return (*self._relay, self._headers["Authorization"].split(" ", 1)[1])
 
-    # --- a stopped sandbox moving between nodes (sbx.node.migration.transfer)
-    # -------------------------------------------
+    # --- a stopped sandbox moving between nodes (sbx.node.migration.transfer) ------------------------------------
     def transfer_parent(self) -> dict[str, str]:
         return self._call("transfer_parent")  # type: ignore[no-any-return]
 
@@ -194,8 +193,7 @@ class RemoteNode(EgressClient):
             raise self._unreachable(e) from None
         self._check(resp)
 
-    # --- seal replicas (sbx.node.migration.replicas)
-    # ------------------------------------------------------------------------
+    # --- seal replicas (sbx.node.migration.replicas) -------------------------------------------------------------
     def begin_replica(self, manifest: dict[str, Any]) -> None:
         self._call("begin_replica", manifest)
 
@@ -215,7 +213,7 @@ class RemoteNode(EgressClient):
     def promote_replica(self, id: str) -> dict[str, Any]:
         return self._call("promote_replica", id)  # type: ignore[no-any-return]
 
-    # --- NodeAgent ----------------------------------------------------------------------------------------------
+    # --- NodeAgent -----------------------------------------------------------------------------------------------
     def pool_take(self, size: str) -> str | None:
         return self._call("pool_take", size)  # type: ignore[no-any-return]
 

@@ -22,7 +22,7 @@ has the shapes):
   arrival or a wrong ticket), 400 ``bad_stream``, 409 a :class:`sbx.node.types.NodeError`.
 - ``GET /v1/node/relay``: ``{"port": P}`` of the node's port relay (:mod:`sbx.node.remote.relay`; 0: none);
 - ``GET /v1/node/transfer/<id>/<name>``: a file of a stopped sandbox's export, streamed
-(:mod:`sbx.node.migration.transfer`);
+  (:mod:`sbx.node.migration.transfer`);
 - ``PUT /v1/node/transfer/<id>/<name>``: a file of an import, streamed in and hash-checked (409
   ``transfer_corrupt`` when its SHA-256 differs from the manifest's); ``GET`` with ``?kind=replica``: a file of
   an export for a seal replica;

@@ -11,9 +11,9 @@ costs one entry in :data:`CALLS` (server side) and a one-line method in :class:`
   an error after the stream started is one line ``{"error": {...}}``.
 - A spawned process is the WebSocket ``/v1/node/spawn`` (:mod:`sbx.node.remote.spawned`).
 - The node's exit watcher is a long poll, ``GET /v1/node/exits?after=N``.
-- A moving sandbox's files (:mod:`sbx.node.migration.transfer`) stream as raw bytes: ``GET
-/v1/node/transfer/<id>/<name>``
-  (from the source) and ``PUT /v1/node/transfer/<id>/<name>`` (into the destination, hash-checked there).
+- A moving sandbox's files (:mod:`sbx.node.migration.transfer`) stream as raw bytes:
+  ``GET /v1/node/transfer/<id>/<name>`` (from the source) and ``PUT /v1/node/transfer/<id>/<name>`` (into the
+  destination, hash-checked there).
 - The egress proxy's questions are a long poll the servers hold, ``POST /v1/node/egress/poll`` and ``.../answer``
   (:mod:`sbx.node.remote.egresslink`).
 - Hosted ports of the node's sandboxes are reached through its port relay (:mod:`sbx.node.remote.relay`).

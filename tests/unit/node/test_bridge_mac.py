@@ -1,8 +1,7 @@
 """The node's bridge keeps one MAC address while sandbox ports come and go (sbx.node.network.bridge.bridge_mac). A
-bridge
-with no address of its own takes its lowest port's and changes it at every join and leave, so every sandbox's
-cached gateway MAC went stale for a while: a live migration's resets were dropped on the old MAC and the peer hung.
-Runs the node's real ensure_bridge in a throwaway network namespace (``unshare --net``; root needed)."""
+bridge with no address of its own takes its lowest port's and changes it at every join and leave, so every sandbox's
+cached gateway MAC went stale for a while: a live migration's resets were dropped on the old MAC and the peer hung. Runs
+the node's real ensure_bridge in a throwaway network namespace (``unshare --net``; root needed)."""
 
 from __future__ import annotations
 

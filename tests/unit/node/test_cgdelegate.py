@@ -1,6 +1,5 @@
 """Cgroup delegation (:mod:`sbx.node.container.cgdelegate`) on a fake cgroup v1 tree, uid ranges taken by node records,
-and
-the mount targets precreated for runc's restore."""
+and the mount targets precreated for runc's restore."""
 
 from __future__ import annotations
 

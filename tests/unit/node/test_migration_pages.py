@@ -1,6 +1,5 @@
 """The source's ask for the destination's page server (sbx.node.migration.outgoing.page_server): the address it gives,
-and
-the fallback to streaming the pages when the destination is of an earlier version."""
+and the fallback to streaming the pages when the destination is of an earlier version."""
 
 from __future__ import annotations
 

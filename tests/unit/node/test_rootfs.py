@@ -1,7 +1,6 @@
-"""The disk's two mounts (:func:`sbx.node.container.rootfs.mount_root` /
-:func:`~sbx.node.container.rootfs.umount_root`) on a real
-small ext4 image: made, repaired after a crash left one of them, and taken down with the loop device; the folder
-permissions of :func:`~sbx.node.container.rootfs.make_private`."""
+"""The disk's two mounts (:func:`sbx.node.container.rootfs.mount_root` / :func:`~sbx.node.container.rootfs.umount_root`)
+on a real small ext4 image: made, repaired after a crash left one of them, and taken down with the loop device; the
+folder permissions of :func:`~sbx.node.container.rootfs.make_private`."""
 
 from __future__ import annotations
 
