@@ -202,8 +202,7 @@ class Meter:
     def usage(self, account_id: str | None, start: dt.datetime | None = None, end: dt.datetime | None = None,
               by: str | None = None, sandbox_id: str | None = None) -> dict[str, Any]:
         """The usage report (:func:`sbx.control.accounts.pricing.report`) of ``[start, end)`` (default: from the start
-        of
-        the current month, UTC, to now; for one ``sandbox_id``, from its beginning), plus ``from``, ``to``, ``by``,
+        of the current month, UTC, to now; for one ``sandbox_id``, from its beginning), plus ``from``, ``to``, ``by``,
         ``priceModel`` and ``currency``. An ``end`` in the future is read as now (a running sandbox is metered up to
         now, never to a ``to`` still to come); a ``start`` after that leaves an empty window."""
         now = self.clock()

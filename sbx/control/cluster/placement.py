@@ -1,10 +1,8 @@
 """Placement (issue 10): which node a new, forked or resumed sandbox goes to.
 
 A node may take a sandbox when it is ``ready`` (not cordoned, not unreachable: :mod:`sbx.control.cluster.registry`) and
-has
-room for it by the admission rules of :mod:`sbx.control.cluster.capacity` (its memory limits promised so far, counted
-per
-node from the store, and its free disk, from its last heartbeat). Among those:
+has room for it by the admission rules of :mod:`sbx.control.cluster.capacity` (its memory limits promised so far,
+counted per node from the store, and its free disk, from its last heartbeat). Among those:
 
 - a new sandbox goes where the most memory is left to promise, then the most disk (``spread``: sandboxes spread
   over the nodes rather than filling one first);

@@ -1,7 +1,6 @@
 """The programs :mod:`sbx.control.sandboxes.files` runs inside a sandbox (POSIX sh, with ``cat``, ``tar``, ``find``,
-``rm`` of
-the image), and the exit codes by which each names its error (:data:`ERRORS`). A path is always ``"$1"``, an argv
-entry, never shell text; every check runs before anything changes, so an error answer means nothing changed.
+``rm`` of the image), and the exit codes by which each names its error (:data:`ERRORS`). A path is always ``"$1"``, an
+argv entry, never shell text; every check runs before anything changes, so an error answer means nothing changed.
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
 """A fork whose source's node is full (issue 10 item 4): :class:`ForkOps`, the fork placed and made elsewhere.
 
 ``fork`` (:meth:`sbx.control.sandboxes.operations.LifecycleOps.fork`) asks placement
-(:func:`sbx.control.cluster.placement.choose_fork`)
-under the lifecycle lock. When the source's node may take the fork, nothing changes: the node reflinks the
-source's disk and boots (or restores) the copy there, in constant time. When that node is full or cordoned,
-another ready node with room takes it (with ``--memory`` only one whose memory-image fingerprint matches the
-source node's: the fork promises the processes, so it is refused with 507 rather than booted cold), and the fork's
-row names that node from the start (its memory is counted there, so no other start takes the room meanwhile).
-Then, in the fork's worker:
+(:func:`sbx.control.cluster.placement.choose_fork`) under the lifecycle lock. When the source's node may take the fork,
+nothing changes: the node reflinks the source's disk and boots (or restores) the copy there, in constant time. When that
+node is full or cordoned, another ready node with room takes it (with ``--memory`` only one whose memory-image
+fingerprint matches the source node's: the fork promises the processes, so it is refused with 507 rather than booted
+cold), and the fork's row names that node from the start (its memory is counted there, so no other start takes the room
+meanwhile). Then, in the fork's worker:
 
 1. ``provisioning``: the source's node makes the fork as a *stopped* sandbox without starting it
    (:meth:`sbx.node.lifecycle.snapshots.SnapshotMixin.fork_stopped`): its disk reflinked from the source's (a running
    source's filesystem frozen for the copy), with ``--memory`` also the source's memory dumped with
    ``--leave-running`` while it is paused, as a fork with memory on one node does; the source's hold ends here;
 2. the stopped fork moves to the destination as any stopped sandbox does
-(:func:`sbx.control.cluster.relocate.move_stopped`:
-   the disk as a delta with only the blocks the destination lacks against its base image, the memory image,
-   each file hash-checked), and the source node's copy is deleted; event ``moved`` (``from``, ``to``, ``bytes``,
-   ``memory``);
+   (:func:`sbx.control.cluster.relocate.move_stopped`: the disk as a delta with only the blocks the destination lacks
+   against its base image, the memory image, each file hash-checked), and the source node's copy is deleted; event
+   ``moved`` (``from``, ``to``, ``bytes``, ``memory``);
 3. the destination starts it (:meth:`sbx.node.types.NodeAgent.resume`): a cold boot with the fork's new identity,
    or with ``--memory`` a restore that must succeed (``require_memory``) and then gets the new identity as a
    fork with memory does (new SSH host keys, sshd restarted); ``running``.

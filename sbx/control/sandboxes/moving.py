@@ -61,8 +61,7 @@ class MoveOps(PlaneBase):
     def _replica_place(self, rep: ReplicaRow, cands: list[placement.Candidate], target: Size, what: str,
                        has_memory: bool) -> placement.ResumePlace | None:
         """A resume on the node holding the seal replica ``rep`` (:mod:`sbx.control.cluster.replicas`), when that node
-        is
-        ready and has room; with the memory image when it has one made on a node whose fingerprint matches."""
+        is ready and has room; with the memory image when it has one made on a node whose fingerprint matches."""
         dst = next((c for c in cands if c.name == rep.node), None)
         if dst is None or not placement.fits([dst], self.settings, target, what)[0]:
             return None

@@ -13,8 +13,8 @@ from sbx.config import Size
 from sbx.control.accounts.keys import DEFAULT_ACCOUNT
 from sbx.control.errors import NODE_CONFLICT_CODES, ControlError, not_found
 from sbx.control.sandboxes.forking import ForkOps
-from sbx.control.store.database import SandboxRow, utcnow
-from sbx.control.store.ids import ID_RE, new_sandbox_id, new_subdomain
+from sbx.control.store.database import SandboxRow
+from sbx.control.store.ids import ID_RE
 from sbx.control.store.state import TRANSIENT
 from sbx.node.types import NodeError
 
@@ -22,13 +22,10 @@ log = logging.getLogger("sbx.control")
 
 DEFAULT_TTL = 3600
 """Seconds of inactivity before a new sandbox stops (keeping memory) when ``create`` gets no ttl."""
-
-
 NAME_MAX = 200
-
+"""Longest sandbox name, in characters."""
 MOVE_CODES = {"node_unreachable", "node_unknown", "transfer_failed", "transfer_corrupt"}
 """Node errors of a failed move to another node: the sandbox stays stopped where it was."""
-
 
 
 def _check_name_and_ttl(name: str | None, ttl: int | None) -> None:
@@ -38,12 +35,12 @@ def _check_name_and_ttl(name: str | None, ttl: int | None) -> None:
     if ttl is not None and ttl < 0:
         raise ControlError("invalid_ttl", "ttl must be >= 0 seconds (0 = never stop)", 400)
 
+
 class _Already(Exception):
     """Raised inside a check to end a request early: the sandbox is already where the request wants it."""
 
     def __init__(self, row: SandboxRow):
         self.row = row
-
 
 
 class LifecycleOps(ForkOps):
@@ -122,29 +119,6 @@ class LifecycleOps(ForkOps):
             return None  # the create itself will say why, after the plan's check
         sid = self.router.pool_take_on(node, size.name)
         return (node, sid) if sid is not None and ID_RE.match(sid) else None
-
-    def _add_new_row(self, state: str, size: Size, name: str | None, ttl: int, env: dict[str, str],
-                     sandbox_id: str | None = None, **extra: Any) -> SandboxRow:
-        """Store a new sandbox row in ``state`` with a fresh unique id (or ``sandbox_id``, a warm sandbox's, when
-        no row has it) and subdomain (the name defaults to the subdomain) and publish its first transition.
-        ``extra`` sets further columns (``no_snapshots``, ``source_id``...)."""
-        if sandbox_id is None or self.store.get_sandbox(sandbox_id) is not None:
-            sandbox_id = new_sandbox_id()
-        while self.store.get_sandbox(sandbox_id) is not None:
-            sandbox_id = new_sandbox_id()
-        subdomain = new_subdomain(self.store.subdomain_taken)
-        now = utcnow()
-        row = SandboxRow(id=sandbox_id, name=subdomain if name is None else name, type=size.name, state=state,
-                         subdomain=subdomain, ttl=ttl, env=env, memory_restored=None, resume_reason=None,
-                         has_memory=False, created_at=now, updated_at=now, **extra)
-        self.lifecycle.ops.claim(sandbox_id)  # a new id: nobody else holds it
-        try:
-            self.store.add_sandbox(row)
-        except BaseException:
-            self.lifecycle.ops.release(sandbox_id)
-            raise
-        self._on_transition(row, "")
-        return row
 
     def stop(
         self, sandbox_id: str, keep_memory: bool = True, wait: float | None = None, reason: str = "requested"

@@ -1,7 +1,8 @@
 """The state every part of the control plane shares, and the parts they all call: :class:`PlaneBase`.
 
-Sandbox views, events, background work (a worker pool whose failures leave the sandbox in ``error``), lookups
-and waits. :class:`sbx.control.service.ControlPlane` combines it with the operation mixins.
+Sandbox views, events, background work (a worker pool whose failures leave the sandbox in ``error``), new rows,
+lookups and waits; placement and plan admission come from its base :class:`sbx.control.sandboxes.admission.Admission`.
+:class:`sbx.control.service.ControlPlane` combines it with the operation mixins.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from sbx.control.sandboxes.routes import Routes
 from sbx.control.sandboxes.sampler import Sampler
 from sbx.control.sandboxes.views import stats_view
 from sbx.control.secrets.vault import Secrets
-from sbx.control.store.database import SandboxRow, Store, iso
-from sbx.control.store.ids import sandbox_url
+from sbx.control.store.database import SandboxRow, Store, iso, utcnow
+from sbx.control.store.ids import new_sandbox_id, new_subdomain, sandbox_url
 from sbx.control.store.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
 from sbx.node.types import NodeAgent, NodeError, SandboxSpec, Stats
 from sbx.storage.volume import trim_volume
@@ -124,8 +125,7 @@ class PlaneBase(Admission):
         ``error`` (``{"code","message"}`` of the last failed operation, e.g. ``interrupted`` for a fork the server
         was killed in; null otherwise), ``node`` (the node that holds it) and ``nodeStatus`` (``ready``,
         ``cordoned`` or ``unreachable``: :mod:`sbx.control.cluster.registry`; ``state`` stays what it was while its
-        node is
-        unreachable), ``replicaNode`` (a stopped sandbox's node holding a current copy of its disk and memory
+        node is unreachable), ``replicaNode`` (a stopped sandbox's node holding a current copy of its disk and memory
         image, where it resumes should its own node be gone: :mod:`sbx.control.cluster.replicas`; null otherwise).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
@@ -278,8 +278,30 @@ class PlaneBase(Admission):
 
         return on_error
 
+    # new rows, lookups and waits -------------------------------------------------------------------------------
+    def _add_new_row(self, state: str, size: Size, name: str | None, ttl: int, env: dict[str, str],
+                     sandbox_id: str | None = None, **extra: Any) -> SandboxRow:
+        """Store a new sandbox row in ``state`` with a fresh unique id (or ``sandbox_id``, a warm sandbox's, when
+        no row has it) and subdomain (the name defaults to the subdomain) and publish its first transition.
+        ``extra`` sets further columns (``no_snapshots``, ``source_id``...)."""
+        if sandbox_id is None or self.store.get_sandbox(sandbox_id) is not None:
+            sandbox_id = new_sandbox_id()
+        while self.store.get_sandbox(sandbox_id) is not None:
+            sandbox_id = new_sandbox_id()
+        subdomain = new_subdomain(self.store.subdomain_taken)
+        now = utcnow()
+        row = SandboxRow(id=sandbox_id, name=subdomain if name is None else name, type=size.name, state=state,
+                         subdomain=subdomain, ttl=ttl, env=env, memory_restored=None, resume_reason=None,
+                         has_memory=False, created_at=now, updated_at=now, **extra)
+        self.lifecycle.ops.claim(sandbox_id)  # a new id: nobody else holds it
+        try:
+            self.store.add_sandbox(row)
+        except BaseException:
+            self.lifecycle.ops.release(sandbox_id)
+            raise
+        self._on_transition(row, "")
+        return row
 
-    # lookups and waits --------------------------------------------------------------------------------------
     def get(self, sandbox_id: str) -> SandboxRow:
         """The sandbox row; 404 ``not_found`` if unknown or deleted."""
         return self.lifecycle.get(sandbox_id)
@@ -293,16 +315,14 @@ class PlaneBase(Admission):
             rows = [r for r in rows if all((r.labels or {}).get(k) == v for k, v in labels.items())]
         return rows
 
-
     def wait_running(self, sandbox_id: str, row: SandboxRow | None = None) -> SandboxRow:
         """Wait (up to :data:`START_WAIT` seconds, or the lifecycle's own wait if longer) for a provisioning or
         resuming sandbox to run; return its row. Raises 404, 409 ``not_running`` (stopped, error...) or 409
         ``busy`` (still starting). What exec, jobs, files and shells call before they touch the node.
 
         A sandbox created with ``autoResume`` that is stopped (or stopping) is resumed first (issue 9, as the proxy
-        does for hosted ports: :meth:`sbx.control.sandboxes.routes.Routes.ensure_running`). ``row``: the sandbox's row
-        as
-        the request read it a moment ago (its ownership check), used when it says ``running``."""
+        does for hosted ports: :meth:`sbx.control.sandboxes.routes.Routes.ensure_running`). ``row``: the sandbox's
+        row as the request read it a moment ago (its ownership check), used when it says ``running``."""
         if row is None or row.id != sandbox_id or row.state != "running":
             row = self.get(sandbox_id)
         if row.state == "running":  # the common case: no second read of the row (each is ~0.3 ms of an exec)

@@ -67,10 +67,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 by the node (e.g. no memory image with ``require_memory``): nothing ran, the sandbox is as before. The ``error``
 exits to running/stopped/deleted are used when the server reconciles with what the node reports at start.
 ``running -> migrating -> running`` is a live migration to another node (:mod:`sbx.control.sandboxes.migrating`): it
-ends
-``running`` on the destination, or on its source when the move failed; ``migrating -> error`` only when the node
-layer can't say which node runs it (``migration_unconfirmed``). ``running -> stopped`` is a power-off/halt/reboot
-inside or a crash the node noticed (after a reboot the sandbox goes on to ``resuming`` at once)."""
+ends ``running`` on the destination, or on its source when the move failed; ``migrating -> error`` only when the node
+layer can't say which node runs it (``migration_unconfirmed``). ``running -> stopped`` is a power-off/halt/reboot inside
+or a crash the node noticed (after a reboot the sandbox goes on to ``resuming`` at once)."""
 
 DEFAULT_WAIT = 30.0
 

@@ -1,6 +1,5 @@
 """Drain records (issue 11): ``drains`` keeps each node's last drain (:mod:`sbx.control.cluster.drain`), written at
-every
-step, so every server replica answers for it and a drain whose replica died is taken over.
+every step, so every server replica answers for it and a drain whose replica died is taken over.
 
 Revision ID: 0012_drains
 Revises: 0011_seal_replicas
