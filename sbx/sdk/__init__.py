@@ -11,7 +11,9 @@
 (:class:`InsufficientCapacity` for ``507 insufficient_capacity``).
 
 The client classes (and httpx under them) load on first use, so a program that needs only
-:mod:`sbx.sdk.protocol` or :mod:`sbx.sdk.config` (the ``sbx exec`` fast path) starts without them.
+:mod:`sbx.sdk.protocol` or :mod:`sbx.sdk.config` (the ``sbx exec`` fast path) starts without them. The package's
+modules import each other by their full names (``import sbx.sdk.protocol as P``), never from the package itself,
+whose ``__init__`` loads the client: no module of it imports itself back.
 """
 
 from __future__ import annotations

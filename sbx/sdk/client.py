@@ -8,7 +8,7 @@ import builtins
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-from sbx.sdk import protocol as P
+import sbx.sdk.protocol as P
 from sbx.sdk.errors import SbxError
 from sbx.sdk.files import AsyncFiles, Files
 from sbx.sdk.http import AsyncClient, Client

@@ -8,8 +8,8 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from sbx.sdk import filecalls as FC
-from sbx.sdk import protocol as P
+import sbx.sdk.filecalls as FC
+import sbx.sdk.protocol as P
 from sbx.sdk.errors import SbxError
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from sbx.sdk import protocol as P
+import sbx.sdk.protocol as P
 from sbx.sdk.config import ClientConfig, load_config
 from sbx.sdk.errors import SbxError
 
