@@ -1,6 +1,7 @@
 """The import-linter contracts in pyproject.toml hold for the tree, and fail when a lower layer imports an upper
-one (between the packages, or between the rooms of the node), the in-sandbox side imports the host side, or node code
-run outside the node process imports sbx (checked on a copy of the tree with one bad import added)."""
+one (between the packages, or between the rooms of control or of the node), accounts import nodes or sandbox
+operations, the in-sandbox side imports the host side, or node code run outside the node process imports sbx (checked
+on a copy of the tree with one bad import added)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,49 @@ def test_a_bad_import_breaks_a_contract(tree: Path, module: str, imports: str, c
     r = _lint(tree)
     assert r.returncode != 0
     assert "1 broken" in r.stdout and contract in r.stdout
+
+
+GLOBAL = "Layers point down: api/cli/sdk > control > node > runtime > storage"
+CONTROL = "Control layers: reaper > service > sandboxes > cluster > accounts | secrets > store > errors"
+ACCOUNTS = "Accounts (keys, plans, prices, usage) know no node and no sandbox operation"
+TYPED_PLANE = "import typing\nif typing.TYPE_CHECKING:\n    from sbx.control.service import ControlPlane"
+
+
+def test_the_control_contracts_are_declared(tree: Path) -> None:
+    r = _lint(tree)
+    assert f"{CONTROL} KEPT" in r.stdout and f"{ACCOUNTS} KEPT" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "imports", "broken"),
+    [
+        # each layer of control, imported from below (a TYPE_CHECKING import counts: a type is a dependency)
+        ("sbx/control/service.py", "from sbx.control import reaper", {CONTROL}),
+        ("sbx/control/sandboxes/routes.py", TYPED_PLANE, {CONTROL}),
+        ("sbx/control/cluster/orphans.py", TYPED_PLANE, {CONTROL}),
+        ("sbx/control/cluster/drain.py", "from sbx.control.sandboxes.migrating import MigrateOps", {CONTROL}),
+        ("sbx/control/secrets/nodes.py", "from sbx.control.cluster.router import NodeRouter", {CONTROL}),
+        ("sbx/control/store/state.py", "from sbx.control.cluster import placement", {CONTROL}),
+        ("sbx/control/errors.py", "from sbx.control.store import database", {CONTROL}),
+        # accounts and secrets are independent of each other
+        ("sbx/control/secrets/rules.py", "from sbx.control.accounts import plans", {CONTROL}),
+        ("sbx/control/accounts/plans.py", "from sbx.control.secrets import rules", {CONTROL}),
+        # accounts know no node and no sandbox operation
+        ("sbx/control/accounts/pricing.py", "from sbx.node import types", {ACCOUNTS}),
+        ("sbx/control/accounts/metering.py", "from sbx.control.cluster import capacity", {CONTROL, ACCOUNTS}),
+        # nothing in control imports the API or the CLI (the package layers say so; through sbx.api.app the cluster
+        # would also reach the plane)
+        ("sbx/control/store/ids.py", "import sbx.cli", {GLOBAL}),
+        ("sbx/control/cluster/trim.py", "import sbx.api.app", {GLOBAL, CONTROL}),
+    ],
+)
+def test_a_bad_import_in_control_breaks_its_contract(tree: Path, module: str, imports: str, broken: set[str]) -> None:
+    with (tree / module).open("a") as f:
+        f.write(f"\n{imports}  # noqa: F401\n")
+    r = _lint(tree)
+    assert r.returncode != 0
+    assert {line.removesuffix(" BROKEN") for line in r.stdout.splitlines() if line.endswith(" BROKEN")} == broken, \
+        r.stdout
 
 
 def test_out_of_process_modules_are_forbidden_every_other_sbx_module() -> None:
