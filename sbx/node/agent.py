@@ -19,8 +19,7 @@ uid/gid map (issue 17): each sandbox maps its uids/gids 0..65535 to a host range
 identity map while their memory image is restored and get a range of their own at their next cold boot.
 
 Memory: a stop checkpoints with CRIU (runc ``checkpoint``), a resume restores (runc ``restore``). A memory image
-is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it
-matches.
+is used once: after a restore or any cold boot it is deleted, because the disk moves on from the state it matches.
 
 The agent is split by mechanism; :class:`LocalNode` combines the parts:
 
@@ -35,9 +34,12 @@ The agent is split by mechanism; :class:`LocalNode` combines the parts:
 - :mod:`sbx.node.lifecycle.stats`: status and resource samples;
 - :mod:`sbx.node.lifecycle.watching`: the watcher of sandboxes that ended on their own;
 - :mod:`sbx.node.lifecycle.reconcile`: reconcile after a crash, server shutdown, leftovers;
-- :mod:`sbx.node.migration.outgoing` and :mod:`sbx.node.migration.incoming`: live migration to and from another node.
-- :mod:`sbx.node.migration.transfer`: a stopped sandbox's export to another node and its import there.
+- :mod:`sbx.node.lifecycle.egressnode`: which sandboxes go through the egress proxy, their CA and environment;
+- :mod:`sbx.node.migration.outgoing` and :mod:`sbx.node.migration.incoming`: live migration to and from another node;
+- :mod:`sbx.node.migration.transfer`: a stopped sandbox's export to another node and its import there;
 - :mod:`sbx.node.migration.replicas`: seal replicas, copies of other nodes' stopped sandboxes kept here until needed.
+
+The mixins' rooms don't import each other (:mod:`sbx.node` has the map of the rooms).
 """
 
 from __future__ import annotations
