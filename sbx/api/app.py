@@ -36,6 +36,7 @@ Endpoints::
     ...    /v1/secrets, /v1/sandboxes/{id}/secrets      credential proxy: see sbx.api.secrets_api
     ...    /v1/nodes, /v1/consolidation                 nodes, drains (admin): see sbx.api.nodes_api
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
+    ...    /e2b/..., and any request with E2b-Sandbox-Id  E2B's own SDK: see sbx.api.e2b
 
 Long operations answer 202 once accepted; ``?wait=true`` answers 200 when the operation has finished (or its
 error). Statuses: 400 invalid_<field> (a value outside its limits) / invalid_resize / invalid_require_memory /
@@ -63,6 +64,7 @@ from sbx import __version__ as sbx_version
 from sbx.api import account_routes, console, errors, nodes_api, sandbox_io, secrets_api
 from sbx.api import schemas as S
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
+from sbx.api.e2b.mount import mount as mount_e2b
 from sbx.api.models import (
     TIMEOUT_QUERY,
     WAIT_QUERY,
@@ -398,4 +400,5 @@ def create_app(
     nodes_api.register(v1, cp, consolidator)
     console.register(app)
     app.include_router(v1)
+    mount_e2b(app, cp, app.state.gate)  # E2B's SDK: REST under /e2b, envd by its E2b-Sandbox-Id header
     return app

@@ -1,0 +1,423 @@
+"""The "envd" side of the E2B compatibility layer: what E2B's SDK calls *inside* a sandbox, served by the sbx
+server itself on behalf of the sandbox (no agent of its own in the guest).
+
+The SDK sends every in-sandbox request to the one ``E2B_SANDBOX_URL`` and names the sandbox in the headers
+``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port`` (49983, envd's port), with ``X-Access-Token`` (the ``envdAccessToken``
+the REST API gave it: :func:`sbx.api.e2b.tokens.access_token`). :class:`Dispatch` sends requests carrying
+``E2b-Sandbox-Id`` here and everything else to sbx's own API, so one port serves both.
+
+Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
+
+- ``GET /health``: 204 while the sandbox runs.
+- ``GET /files?path=&username=``: the file's bytes; 404/400 ``{"code","message"}``.
+- ``POST /files?path=&username=``: ``multipart/form-data`` (each ``file`` part; its filename is its path when no
+  ``path`` is given) or ``application/octet-stream`` (``Content-Encoding: gzip`` allowed); 200 ``[{"path","name",
+  "type":"file"}]``.
+- Connect RPCs (:mod:`sbx.api.e2b.connect`, JSON codec): ``process.Process/`` ``Start`` and ``Connect`` (server
+  streams), ``List``, ``SendSignal`` (:mod:`sbx.api.e2b.procs`); ``filesystem.Filesystem/`` ``Stat``,
+  ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`). Other methods answer ``unimplemented``.
+
+A sandbox that is unknown, deleted, or stopped (E2B: paused) without ``autoResume`` gets E2B's edge answer: 502
+``{"sandboxId","message":"The sandbox was not found","code":502}``, which the SDK reads as "not running".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import threading
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+import sbx.api.e2b.fs as fs
+import sbx.api.e2b.procs as procs
+from sbx.api.e2b.connect import (
+    STREAM_TYPE,
+    ConnectError,
+    end_frame,
+    frame,
+    parse_envelopes,
+    parse_json,
+    unary_error,
+)
+from sbx.api.e2b.tokens import access_token
+from sbx.control.errors import ControlError
+
+if TYPE_CHECKING:
+    from sbx.control.service import ControlPlane
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ENVD_PORT = 49983
+USERS = ("user", "root")
+KEEPALIVE_DEFAULT = 50.0
+UPLOAD_MAX = 256 << 20
+"""Largest multipart upload accepted, in bytes (it is parsed in memory; octet-stream uploads stream and have no
+limit)."""
+STREAMS = {"process.Process/Start", "process.Process/Connect"}
+UNARY = {"process.Process/List", "process.Process/SendSignal", "filesystem.Filesystem/Stat",
+         "filesystem.Filesystem/ListDir", "filesystem.Filesystem/MakeDir", "filesystem.Filesystem/Move",
+         "filesystem.Filesystem/Remove"}
+
+
+def not_found_502(sandbox_id: str) -> JSONResponse:
+    """E2B's edge answer for a sandbox that does not run (unknown, killed or paused)."""
+    return JSONResponse({"sandboxId": sandbox_id, "message": "The sandbox was not found", "code": 502},
+                        status_code=502)
+
+
+def http_error(status: int, message: str) -> JSONResponse:
+    """envd's plain-HTTP error body ``{"code": status, "message"}``."""
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def basic_user(header: str | None) -> str | None:
+    """The user of an ``Authorization: Basic base64("<user>:")`` header (None when there is none or it is not
+    Basic); ``""`` for a header that cannot be decoded."""
+    if not header:
+        return None
+    scheme, _, cred = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(cred.strip(), validate=True).decode().partition(":")[0]
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+
+
+class Envd:
+    """The envd ASGI application for control plane ``cp``; ``secret`` signs access tokens."""
+
+    def __init__(self, cp: ControlPlane, secret: bytes):
+        self.cp = cp
+        self.secret = secret
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one request named by its ``E2b-Sandbox-Id`` header (see the module's doc)."""
+        request = Request(scope, receive)
+        response = await self.handle(request)
+        await response(scope, receive, send)
+
+    def _check(self, request: Request) -> tuple[str, Response | None]:
+        """The sandbox id, and the answer to give instead of serving (502, 401), if any."""
+        sid = request.headers.get("e2b-sandbox-id", "")
+        port = request.headers.get("e2b-sandbox-port", str(ENVD_PORT))
+        row = self.cp.store.get_sandbox(sid) if sid else None
+        if row is None or row.state in ("deleted", "deleting", "error") or (
+                row.state in ("stopped", "stopping") and not row.auto_resume):
+            return sid, not_found_502(sid)
+        if port != str(ENVD_PORT):
+            return sid, JSONResponse({"sandboxId": sid, "message": f"port {port[:8]} of a sandbox is not reachable "
+                                      "through E2B_SANDBOX_URL on sbx (only envd's, 49983)", "code": 502},
+                                     status_code=502)
+        if request.url.path == "/health":
+            return sid, None
+        given = request.headers.get("x-access-token", "")
+        if not hmac.compare_digest(given.encode(), access_token(self.secret, sid).encode()):
+            return sid, http_error(401, "missing or wrong X-Access-Token for this sandbox")
+        return sid, None
+
+    async def handle(self, request: Request) -> Response:
+        """Route ``request``; never raises (every failure is an answer)."""
+        sid, refused = await run_in_threadpool(self._check, request)
+        if refused is not None:
+            return refused
+        path = request.url.path
+        try:
+            if path == "/health":
+                return Response(status_code=204) if request.method == "GET" else http_error(405, "use GET")
+            if path == "/files":
+                if request.method == "GET":
+                    return await self.download(request, sid)
+                if request.method == "POST":
+                    return await self.upload(request, sid)
+                return http_error(405, "use GET or POST")
+            return await self.rpc(request, sid, path.lstrip("/"))
+        except ConnectError as e:
+            return unary_error(e)
+
+    # Connect ---------------------------------------------------------------------------------------------------
+    def _rpc_user(self, request: Request) -> str:
+        user = basic_user(request.headers.get("authorization"))
+        if user is None:
+            return "user"
+        if user not in USERS:
+            raise ConnectError("permission_denied", f"unknown user {user[:40]!r}: sbx sandboxes have user and root")
+        return user
+
+    async def rpc(self, request: Request, sid: str, method: str) -> Response:
+        """One Connect call of :data:`STREAMS` or :data:`UNARY`."""
+        if request.method != "POST":
+            return http_error(405, "Connect calls use POST")
+        if method not in STREAMS and method not in UNARY:
+            raise ConnectError("unimplemented", f"{method[:80]} is not implemented by sbx")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        user = self._rpc_user(request)
+        body = await request.body()
+        if method in STREAMS:
+            if ctype != STREAM_TYPE:
+                return http_error(415, f"server-streaming calls take {STREAM_TYPE}")
+            try:
+                messages = parse_envelopes(body)
+                if len(messages) != 1:
+                    raise ConnectError("invalid_argument", "a server-streaming call takes exactly one message")
+            except ConnectError as e:
+                return self._stream_response(request, iter(()), e)
+            return self._start_stream(request, sid, method, messages[0], user)
+        if ctype != "application/json":
+            return http_error(415, "unary calls take application/json")
+        message = parse_json(body)
+        result = await run_in_threadpool(self._unary, sid, method, message, user)
+        return JSONResponse(result)
+
+    def _unary(self, sid: str, method: str, m: dict[str, Any], user: str) -> dict[str, Any]:
+        if method == "process.Process/List":
+            return procs.listed(self.cp, sid)
+        if method == "process.Process/SendSignal":
+            procs.signal(self.cp, sid, m)
+            return {}
+        if method == "filesystem.Filesystem/Stat":
+            return fs.stat(self.cp, sid, m.get("path"), user)  # type: ignore[arg-type]
+        if method == "filesystem.Filesystem/ListDir":
+            return fs.list_dir(self.cp, sid, m.get("path"), m.get("depth"), user)  # type: ignore[arg-type]
+        if method == "filesystem.Filesystem/MakeDir":
+            return fs.make_dir(self.cp, sid, m.get("path"), user)  # type: ignore[arg-type]
+        if method == "filesystem.Filesystem/Move":
+            return fs.move(self.cp, sid, m.get("source"), m.get("destination"), user)  # type: ignore[arg-type]
+        return fs.remove(self.cp, sid, m.get("path"), user)  # type: ignore[arg-type]
+
+    def _start_stream(self, request: Request, sid: str, method: str, message: dict[str, Any], user: str
+                      ) -> Response:
+        left = threading.Event()
+
+        def events() -> Iterator[dict[str, Any]]:
+            if method == "process.Process/Start":
+                job = procs.start(self.cp, sid, message, user)
+                yield from procs.follow(self.cp, sid, job, False, left.is_set)
+            else:
+                proc = procs.find(self.cp, sid, message.get("process"))
+                yield from procs.follow(self.cp, sid, proc.job, True, left.is_set)
+
+        return self._stream_response(request, events(), None, left)
+
+    def _stream_response(self, request: Request, events: Iterator[dict[str, Any]], error: ConnectError | None,
+                         left: threading.Event | None = None) -> StreamingResponse:
+        """A 200 ``application/connect+json`` stream of ``{"event": ...}`` envelopes, keepalives when nothing else
+        came for ``Keepalive-Ping-Interval`` seconds, and the end-of-stream envelope (with the error that ended
+        it, if any)."""
+        left = left or threading.Event()
+        try:
+            every = float(request.headers.get("keepalive-ping-interval", KEEPALIVE_DEFAULT))
+        except ValueError:
+            every = KEEPALIVE_DEFAULT
+        every = min(max(every, 1.0), 3600.0)
+
+        async def body() -> AsyncIterator[bytes]:
+            if error is not None:
+                yield end_frame(error)
+                return
+            queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+
+            def pump() -> None:
+                try:
+                    for ev in events:
+                        loop.call_soon_threadsafe(queue.put_nowait, ("event", ev))
+                    loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+                except ConnectError as e:
+                    loop.call_soon_threadsafe(queue.put_nowait, ("end", e))
+                except ControlError as e:
+                    loop.call_soon_threadsafe(queue.put_nowait, ("end", procs.control_to_connect(e)))
+                except Exception as e:  # never a broken stream without its end frame
+                    loop.call_soon_threadsafe(queue.put_nowait, ("end", ConnectError("unavailable", repr(e))))
+
+            worker = loop.run_in_executor(None, pump)
+            try:
+                while True:
+                    try:
+                        kind, item = await asyncio.wait_for(queue.get(), timeout=every)
+                    except TimeoutError:
+                        yield frame({"event": {"keepalive": {}}})
+                        continue
+                    if kind == "event":
+                        yield frame({"event": item})
+                        continue
+                    yield end_frame(item)
+                    return
+            finally:
+                left.set()
+                del worker  # it ends on its own once the follower sees ``left``
+
+        return StreamingResponse(body(), media_type=STREAM_TYPE)
+
+    # /files ----------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _files_user(request: Request) -> str:
+        user = request.query_params.get("username") or request.query_params.get("user") or "user"
+        if user not in USERS:
+            raise _HTTPError(401, f"unknown user {user[:40]!r}: sbx sandboxes have user and root")
+        return user
+
+    async def download(self, request: Request, sid: str) -> Response:
+        """``GET /files``: the file's bytes (``application/octet-stream``)."""
+        try:
+            user = self._files_user(request)
+            path = request.query_params.get("path")
+            if not path:
+                raise _HTTPError(400, "path is required")
+            p = fs.absolute(path, user)
+            chunks = await run_in_threadpool(self.cp.files.open_read, sid, p, user)
+        except _HTTPError as e:
+            return http_error(e.status, e.message)
+        except ConnectError as e:
+            return http_error(400, e.message)
+        except ControlError as e:
+            return _files_error(e, path or "")
+        return StreamingResponse(iterate_in_threadpool(chunks), media_type="application/octet-stream")
+
+    async def upload(self, request: Request, sid: str) -> Response:
+        """``POST /files``: write one file (octet-stream) or each part of a multipart body."""
+        try:
+            user = self._files_user(request)
+            path = request.query_params.get("path")
+            ctype = request.headers.get("content-type", "")
+            if ctype.lower().startswith("application/octet-stream"):
+                if not path:
+                    raise _HTTPError(400, "path is required for an application/octet-stream upload")
+                p = fs.absolute(path, user)
+                await self._write_stream(request, sid, p, user)
+                return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"}])
+            if not ctype.lower().startswith("multipart/form-data"):
+                raise _HTTPError(400, "the body must be multipart/form-data or application/octet-stream")
+            body = bytearray()
+            async for chunk in request.stream():
+                body.extend(chunk)
+                if len(body) > UPLOAD_MAX:
+                    raise _HTTPError(413, f"a multipart upload is limited to {UPLOAD_MAX} bytes; use "
+                                     "application/octet-stream for bigger files")
+            parts = parse_multipart(bytes(body), ctype)
+            if not parts:
+                raise _HTTPError(400, "no file part in the multipart body")
+            if path and len(parts) > 1:
+                raise _HTTPError(400, "several parts need no path (each part's filename is its path)")
+            written = []
+            for filename, data in parts:
+                target = path or filename
+                if not target:
+                    raise _HTTPError(400, "a part without filename needs the path parameter")
+                p = fs.absolute(target, user)
+                await run_in_threadpool(self._write_all, sid, p, user, data)
+                written.append({"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"})
+            return JSONResponse(written)
+        except _HTTPError as e:
+            return http_error(e.status, e.message)
+        except ConnectError as e:
+            return http_error(400, e.message)
+        except ControlError as e:
+            return _files_error(e, path or "")
+
+    def _write_all(self, sid: str, path: str, user: str, data: bytes) -> None:
+        writer = self.cp.files.open_write(sid, path, user)
+        try:
+            writer.write(data)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.finish()
+
+    async def _write_stream(self, request: Request, sid: str, path: str, user: str) -> None:
+        gz = request.headers.get("content-encoding", "").lower() == "gzip"
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
+        writer = await run_in_threadpool(self.cp.files.open_write, sid, path, user)
+        try:
+            async for chunk in request.stream():
+                if inflate is not None:
+                    try:
+                        chunk = inflate.decompress(chunk)
+                    except zlib.error as e:
+                        raise _HTTPError(400, f"the body is not valid gzip: {e}") from None
+                if chunk:
+                    await run_in_threadpool(writer.write, chunk)
+        except BaseException:
+            await run_in_threadpool(writer.abort)
+            raise
+        await run_in_threadpool(writer.finish)
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _files_error(e: ControlError, path: str) -> JSONResponse:
+    if e.status == 404:
+        return http_error(404, f"path '{path}' does not exist")
+    if e.status == 409 or e.status >= 500:
+        return http_error(502, e.message)
+    return http_error(e.status if e.status in (400, 401, 403, 413, 507) else 400, e.message)
+
+
+def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
+    """``(filename, content)`` of each part of a ``multipart/form-data`` body (RFC 7578) whose boundary is in
+    ``content_type``. Raises :class:`_HTTPError` 400 for a missing boundary or a malformed body."""
+    boundary = ""
+    for param in content_type.split(";")[1:]:
+        key, _, value = param.strip().partition("=")
+        if key.lower() == "boundary":
+            boundary = value.strip().strip('"')
+    if not boundary:
+        raise _HTTPError(400, "multipart/form-data without a boundary")
+    delimiter = b"--" + boundary.encode()
+    pieces = body.split(delimiter)
+    if len(pieces) < 3:
+        raise _HTTPError(400, "malformed multipart body")
+    parts = []
+    for piece in pieces[1:]:
+        if piece.startswith(b"--"):
+            break
+        head, sep, content = piece.partition(b"\r\n\r\n")
+        if not sep:
+            raise _HTTPError(400, "malformed multipart part (no header end)")
+        if content.endswith(b"\r\n"):
+            content = content[:-2]
+        filename = ""
+        for line in head.decode("utf-8", "replace").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.strip().lower() != "content-disposition":
+                continue
+            for param in value.split(";")[1:]:
+                key, _, val = param.strip().partition("=")
+                if key.lower() == "filename":
+                    filename = val.strip().strip('"')
+        parts.append((filename, content))
+    return parts
+
+
+class Dispatch:
+    """ASGI middleware: requests with an ``E2b-Sandbox-Id`` header go to ``envd``, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, envd: ASGIApp):
+        self.app = app
+        self.envd = envd
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Dispatch one request or connection."""
+        if scope["type"] == "http":
+            for name, _value in scope.get("headers", ()):
+                if name == b"e2b-sandbox-id":
+                    await self.envd(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

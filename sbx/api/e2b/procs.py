@@ -1,0 +1,260 @@
+"""envd's processes, made of sbx's detached jobs (:meth:`sbx.control.service.ControlPlane.exec_detached`).
+
+A process started through ``process.Process/Start`` must outlive the stream that started it, be found again by its
+pid (``Connect``, ``SendSignal``, ``List``) and survive a pause (= a stop with memory) with the same pid: exactly
+what an sbx job is (a transient unit of the sandbox's own systemd, output in ``/var/lib/sbx-jobs/<job>/``, kept by
+CRIU). So each process is a job whose command is::
+
+    printf '%s\\n' "$$" >&2          # its pid, as seen inside the sandbox, as the first line of stderr
+    exec CMD ARGS...                  # the process itself takes over that pid
+    # sbx-e2b:<base64 of {"cmd","args","cwd","tag"}>
+
+and its output is followed by an attached exec as root (:func:`follower_script`): it prints the pid line, then
+streams the job's stdout and stderr (``tail -f`` from a byte offset, ending when the job's ``exit`` file appears)
+and exits with the job's exit code. The follower is the only thing a stop kills; a later ``Connect`` starts a new
+one. Nothing runs in the sandbox that sbx does not already run (no envd of its own).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sbx.api.e2b.connect import ConnectError
+from sbx.control.errors import ControlError
+
+if TYPE_CHECKING:
+    from sbx.control.service import ControlPlane
+
+JOBS_DIR = "/var/lib/sbx-jobs"
+MARK = "# sbx-e2b:"
+SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
+"""Signals of envd's ``Signal`` enum (JSON names or numbers) and their numbers."""
+
+
+@dataclass
+class Proc:
+    """A running envd process: its job, its pid inside the sandbox, and its start request's config and tag."""
+
+    job: str
+    pid: int
+    cmd: str
+    args: list[str]
+    cwd: str | None
+    tag: str | None
+
+
+def control_to_connect(e: ControlError) -> ConnectError:
+    """The Connect error for a control-plane error: 404 ``not_found``; a sandbox that is not running (409
+    ``not_running``/``busy``/``invalid_state``) ``unavailable``, which the SDK reports as a sandbox past its end of
+    life; other 4xx ``invalid_argument`` or ``permission_denied``; 5xx ``unavailable``."""
+    if e.status == 404:
+        return ConnectError("not_found", e.message)
+    if e.status == 403:
+        return ConnectError("permission_denied", e.message)
+    if e.status == 409 or e.status >= 500:
+        return ConnectError("unavailable", e.message)
+    return ConnectError("invalid_argument", e.message)
+
+
+def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None) -> str:
+    """The job command for a process running ``cmd`` with ``args`` (see the module's doc)."""
+    meta = base64.b64encode(json.dumps({"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}).encode()).decode()
+    argv = " ".join(shlex.quote(a) for a in [cmd, *args])
+    return f"printf '%s\\n' \"$$\" >&2\nexec {argv}\n{MARK}{meta}"
+
+
+def follower_script(job: str, from_now: bool) -> str:
+    """The root command that prints job ``job``'s pid line, then its output (stdout to stdout, stderr to stderr;
+    from the start, or from what is there now with ``from_now``) until it ends, and exits with its exit code. A
+    first line that is not a number means there is no such job."""
+    d = shlex.quote(f"{JOBS_DIR}/{job}")
+    start = ('o=$(stat -c %s "$d/stdout" 2>/dev/null || echo 0); e=$(stat -c %s "$d/stderr")' if from_now
+             else 'o=0; e=$(( ${#p} + 1 ))')
+    return (
+        f'd={d}; [ -d "$d" ] || {{ echo none; exit 0; }}\n'
+        'i=0; until p=$(head -n1 "$d/stderr" 2>/dev/null) && [ -n "$p" ]; do\n'
+        '  i=$((i+1)); if [ $i -gt 500 ] || [ -e "$d/exit" ]; then p=0; break; fi; sleep 0.02; done\n'
+        'printf "%s\\n" "$p"\n'
+        f'{start}\n'
+        '( while [ ! -s "$d/exit" ]; do sleep 0.03; done ) & w=$!\n'
+        'tail -s 0.03 --pid=$w -c +$((o+1)) -f "$d/stdout" & a=$!\n'
+        'tail -s 0.03 --pid=$w -c +$((e+1)) -f "$d/stderr" >&2 & b=$!\n'
+        'wait $a $b; exit "$(cat "$d/exit")"'
+    )
+
+
+LIST_SCRIPT = (
+    f'for d in {JOBS_DIR}/job_*; do [ -d "$d" ] && [ ! -e "$d/exit" ] || continue; '
+    f'm=$(sed -n "s/^{MARK}//p" "$d/cmd" 2>/dev/null); [ -n "$m" ] || continue; '
+    'p=$(head -n1 "$d/stderr" 2>/dev/null); case "$p" in ""|*[!0-9]*) continue;; esac; '
+    'kill -0 "$p" 2>/dev/null || continue; printf "%s %s %s\\n" "${d##*/}" "$p" "$m"; done'
+)
+"""Root command printing ``<job> <pid> <meta>`` for each running envd process (a job with the marker)."""
+
+
+def run_root(cp: ControlPlane, sandbox_id: str, command: str) -> tuple[int, bytes, bytes]:
+    """Run ``command`` as root in the sandbox (an attached exec, 30 s at most): ``(exit code, stdout, stderr)``.
+    Raises :class:`ConnectError` (``unavailable`` when the sandbox is not running)."""
+    out, err = bytearray(), bytearray()
+    try:
+        for line in cp.exec(sandbox_id, command, 30.0, "root", None, None, "base64"):
+            if "stream" in line:
+                (out if line["stream"] == "stdout" else err).extend(base64.b64decode(line["data"]))
+            elif "exitCode" in line:
+                return int(line["exitCode"]), bytes(out), bytes(err)
+            elif "error" in line:
+                raise ConnectError("unavailable", str(line["error"].get("message", "the command failed")))
+    except ControlError as e:
+        raise control_to_connect(e) from None
+    raise ConnectError("unavailable", "the command ended without an exit status")
+
+
+def running(cp: ControlPlane, sandbox_id: str) -> list[Proc]:
+    """The envd processes running in the sandbox, oldest job first."""
+    _code, out, _err = run_root(cp, sandbox_id, LIST_SCRIPT)
+    procs = []
+    for line in out.decode("utf-8", "replace").splitlines():
+        parts = line.split(" ")
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        try:
+            meta = json.loads(base64.b64decode(parts[2]))
+        except (ValueError, binascii.Error):
+            continue
+        if not isinstance(meta, dict):
+            continue
+        args = meta.get("args")
+        procs.append(Proc(job=parts[0], pid=int(parts[1]), cmd=str(meta.get("cmd", "")),
+                          args=[str(a) for a in args] if isinstance(args, list) else [],
+                          cwd=meta.get("cwd"), tag=meta.get("tag")))
+    return procs
+
+
+def find(cp: ControlPlane, sandbox_id: str, selector: Any) -> Proc:
+    """The running process a ``ProcessSelector`` (``{"pid": N}`` or ``{"tag": "..."}``) names; ``not_found``
+    when none runs, ``invalid_argument`` for a selector of neither form."""
+    if not isinstance(selector, dict):
+        raise ConnectError("invalid_argument", "process: a selector {pid} or {tag} is required")
+    pid, tag = selector.get("pid"), selector.get("tag")
+    if isinstance(pid, str) and pid.isdigit():
+        pid = int(pid)
+    if not (isinstance(pid, int) and not isinstance(pid, bool)) and not isinstance(tag, str):
+        raise ConnectError("invalid_argument", "process: a selector {pid} or {tag} is required")
+    for proc in running(cp, sandbox_id):
+        if (pid is not None and proc.pid == pid) or (pid is None and proc.tag == tag):
+            return proc
+    raise ConnectError("not_found", f"process with {'pid ' + str(pid) if pid is not None else 'tag ' + str(tag)} "
+                       "not found")
+
+
+def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str) -> str:
+    """Start the process of a ``StartRequest`` as ``user``; returns its job id. Raises :class:`ConnectError`
+    ``invalid_argument`` for a missing ``process.cmd``, wrong types or a ``cwd`` that is not a directory;
+    ``unimplemented`` for a pty; ``unavailable`` when the sandbox does not run."""
+    process = request.get("process")
+    if not isinstance(process, dict) or not isinstance(process.get("cmd"), str) or not process["cmd"]:
+        raise ConnectError("invalid_argument", "process.cmd is required")
+    if request.get("pty"):
+        raise ConnectError("unimplemented", "pty processes are not supported by sbx yet")
+    args = process.get("args") or []
+    envs = process.get("envs") or {}
+    cwd = process.get("cwd") or None
+    tag = request.get("tag") or None
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConnectError("invalid_argument", "process.args must be a list of strings")
+    if not isinstance(envs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
+        raise ConnectError("invalid_argument", "process.envs must map strings to strings")
+    if cwd is not None and not isinstance(cwd, str) or tag is not None and not isinstance(tag, str):
+        raise ConnectError("invalid_argument", "process.cwd and tag must be strings")
+    if any("\0" in s for s in [process["cmd"], *args, *envs, *envs.values()]):
+        raise ConnectError("invalid_argument", "NUL bytes are not allowed in a command, its arguments or env")
+    try:
+        job = cp.exec_detached(sandbox_id, job_command(process["cmd"], args, cwd, tag), user=user,
+                               env=dict(envs) or None, cwd=cwd)
+    except ControlError as e:
+        raise control_to_connect(e) from None
+    return job.id
+
+
+def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Callable[[], bool]
+           ) -> Iterator[dict[str, Any]]:
+    """The ``ProcessEvent`` messages of job ``job``: ``{"start": {"pid"}}``, then ``{"data": {"stdout"|"stderr":
+    base64}}`` pieces, then ``{"end": {"exitCode","exited","status"}}``. ``gone()`` True ends the follower (the
+    client left; the process goes on). Raises :class:`ConnectError`: ``not_found`` for an unknown job,
+    ``unavailable`` when the sandbox stops meanwhile (the process is kept, with its memory, when it paused)."""
+    try:
+        lines = cp.exec(sandbox_id, follower_script(job, from_now), 0, "root", None, None, "base64", gone)
+    except ControlError as e:
+        raise control_to_connect(e) from None
+    head = bytearray()
+    started = False
+    code: int | None = None
+    for line in lines:
+        if "error" in line:
+            raise ConnectError("unavailable", str(line["error"].get("message", "the sandbox stopped")))
+        if "exitCode" in line:
+            code = int(line["exitCode"])
+            break
+        data = base64.b64decode(line["data"])
+        if line["stream"] == "stdout" and not started:
+            head.extend(data)
+            if b"\n" not in head:
+                continue
+            first, _, data = bytes(head).partition(b"\n")
+            if not first.isdigit():
+                raise ConnectError("not_found", f"process of job {job} not found")
+            started = True
+            yield {"start": {"pid": int(first)}}
+            if not data:
+                continue
+        if data:
+            yield {"data": {line["stream"]: base64.b64encode(data).decode()}}
+    if gone():
+        return
+    if code is None:
+        raise ConnectError("unavailable", "the sandbox stopped while the process ran")
+    if not started:
+        raise ConnectError("not_found", f"process of job {job} not found")
+    if code >= 128:  # the follower itself may have been killed (a stop): believe only the job's own exit file
+        rc, out, _ = run_root(cp, sandbox_id, f"cat {shlex.quote(f'{JOBS_DIR}/{job}/exit')}")
+        if rc != 0 or not out.strip().lstrip(b"-").isdigit():
+            raise ConnectError("unavailable", "the process's output stream ended before the process did")
+        code = int(out.strip())
+    yield {"end": {"exitCode": code, "exited": True, "status": f"exit status {code}"}}
+
+
+def signal(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
+    """``SendSignal``: SIGKILL ends the process's whole job (exit 137); SIGTERM goes to its pid. ``not_found``
+    for a process that does not run, ``invalid_argument`` for another signal."""
+    sig = SIGNALS.get(request.get("signal"))  # type: ignore[arg-type]
+    if sig is None:
+        raise ConnectError("invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
+    proc = find(cp, sandbox_id, request.get("process"))
+    if sig == 9:
+        try:
+            cp.kill_job(sandbox_id, proc.job)
+        except ControlError as e:
+            raise control_to_connect(e) from None
+        return
+    run_root(cp, sandbox_id, f"kill -s {sig} {proc.pid}")
+
+
+def listed(cp: ControlPlane, sandbox_id: str) -> dict[str, Any]:
+    """``ListResponse``: ``{"processes": [{"config": {"cmd","args","envs","cwd"}, "pid", "tag"?}]}`` (``envs``
+    is always empty: it is not kept)."""
+    out = []
+    for proc in running(cp, sandbox_id):
+        config: dict[str, Any] = {"cmd": proc.cmd, "args": proc.args, "envs": {}}
+        if proc.cwd:
+            config["cwd"] = proc.cwd
+        item: dict[str, Any] = {"config": config, "pid": proc.pid}
+        if proc.tag:
+            item["tag"] = proc.tag
+        out.append(item)
+    return {"processes": out}

@@ -1,0 +1,406 @@
+"""E2B's control-plane REST API over sbx's control plane, mounted under ``/e2b`` (so ``E2B_API_URL`` is
+``http://<server>/e2b``). Shapes, statuses and field names are those E2B's SDK parses (e2b-dev/infra
+``spec/openapi.yml``, as used by ``e2b`` 2.45-2.63); what each call does is sbx's:
+
+==============================================  ======================================================  =======
+E2B call                                        sbx                                                     success
+==============================================  ======================================================  =======
+``POST /sandboxes``, ``POST /v2/sandboxes``     create, waited for; ``templateID`` = a size (``base``:  201
+                                                the default), ``timeout`` = ttl, ``metadata`` = labels,
+                                                ``envVars`` = env, ``autoResume.enabled``
+``GET /v2/sandboxes``, ``GET /sandboxes``       list (``state`` running/paused, ``metadata``, ``limit``, 200
+                                                ``nextToken`` / ``X-Next-Token``, ``order``)
+``GET /sandboxes/{id}``                         info                                                    200
+``DELETE /sandboxes/{id}``                      delete, waited for                                      204
+``POST /sandboxes/{id}/timeout``                set its ttl                                             204
+``POST /sandboxes/{id}/pause``                  stop keeping memory (``memory: false``: without),       204
+                                                waited for; 409 when already paused
+``POST /[v2/]sandboxes/{id}/connect``           resume when stopped (201) or keep (200); the ttl only   200/201
+                                                grows
+``POST /sandboxes/{id}/resume``                 resume (409 when running)                               201
+``GET /sandboxes/{id}/metrics``                 the control plane's samples of the last hour            200
+==============================================  ======================================================  =======
+
+Auth: ``X-API-KEY`` is an sbx API key, checked like a bearer key (:meth:`sbx.api.auth.Gate.check`: rate limits,
+wrong-key throttle); a key sees only its account's sandboxes (the admin key: all). Every error, whatever its cause,
+is E2B's ``{"code": <status>, "message"}``; a body or query that is not what E2B sends is 400.
+
+A sandbox's ``timeout`` becomes sbx's ttl: seconds *without activity* before it stops keeping its memory (E2B:
+seconds before it is killed, or paused with ``autoPause``). So an E2B sandbox on sbx is never killed by its timeout;
+it pauses, and ``connect`` resumes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sbx.api.auth import Gate, check_sandbox, client_address
+from sbx.api.e2b.tokens import access_token
+from sbx.api.errors import validation_error
+from sbx.api.models import CreateSandbox
+from sbx.control.accounts.keys import Principal
+from sbx.control.errors import ControlError, from_node
+from sbx.control.service import ControlPlane
+from sbx.control.store.database import SandboxRow, as_utc, iso
+from sbx.node.types import NodeError
+
+log = logging.getLogger("sbx.api.e2b")
+
+ENVD_VERSION = "0.5.7"
+"""The envd version reported: the SDK's default user (0.4.0) and octet-stream/gzip uploads (0.5.7) work."""
+CLIENT_ID = "sbx"
+DEFAULT_TEMPLATE = "base"
+DEFAULT_SIZE = "small"
+"""The size ``templateID: "base"`` (the SDK's default) gets: sbx's own default."""
+DEFAULT_TIMEOUT = 300
+SETTLE_WAIT = 600.0
+LIST_LIMIT = 100
+RUNNING = {"running", "provisioning", "resuming", "forking", "migrating"}
+PAUSED = {"stopped", "stopping"}
+
+
+class E2BError(Exception):
+    """An answer ``{"code": status, "message"}`` with HTTP ``status``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """E2B's error body ``{"code": status, "message"}`` with ``status``."""
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+class Api:
+    """The routes' shared state: the control plane and the token secret."""
+
+    def __init__(self, cp: ControlPlane, secret: bytes):
+        self.cp = cp
+        self.secret = secret
+
+    # helpers -----------------------------------------------------------------------------------------------------
+    def who(self, request: Request) -> Principal:
+        """The principal of the request's ``X-API-KEY``; 401 (or 429) otherwise."""
+        key = request.headers.get("x-api-key")
+        if not key:
+            raise E2BError(401, "missing X-API-KEY header (an sbx API key)")
+        return request.app.state.gate.check(key, client_address(request))  # type: ignore[no-any-return]
+
+    def row(self, who: Principal, sandbox_id: str) -> SandboxRow:
+        """The sandbox ``who`` sees; 404 for one it does not, or that is unknown or deleted."""
+        row = check_sandbox(self.cp, who, sandbox_id)
+        if row is None or row.state in ("deleted", "deleting"):
+            raise E2BError(404, f"sandbox {sandbox_id} not found")
+        return row
+
+    def size(self, row: SandboxRow) -> tuple[int, int, int]:
+        """``(cpuCount, memoryMB, diskSizeMB)`` of the sandbox's size."""
+        size = self.cp.settings.sizes.get(row.type)
+        if size is None:
+            return 0, 0, 0
+        return size.vcpus, int(size.memory_gb * 1024), int(size.disk_gb * 1024)
+
+    def sandbox(self, row: SandboxRow) -> dict[str, Any]:
+        """E2B's ``Sandbox`` (the create and connect answer)."""
+        return {"templateID": row.type, "sandboxID": row.id, "clientID": CLIENT_ID, "envdVersion": ENVD_VERSION,
+                "envdAccessToken": access_token(self.secret, row.id), "domain": None, "alias": row.type}
+
+    def listed(self, row: SandboxRow) -> dict[str, Any]:
+        """E2B's ``ListedSandbox``."""
+        cpus, mem, disk = self.size(row)
+        started = as_utc(row.created_at)
+        end = as_utc(row.updated_at) + dt.timedelta(seconds=row.ttl or 10 * 365 * 86400)
+        return {"templateID": row.type, "alias": row.type, "sandboxID": row.id, "clientID": CLIENT_ID,
+                "startedAt": iso(started), "endAt": iso(max(end, started)), "cpuCount": cpus, "memoryMB": mem,
+                "diskSizeMB": disk, "state": "paused" if row.state in PAUSED else "running",
+                "envdVersion": ENVD_VERSION, "metadata": dict(row.labels or {})}
+
+    def detail(self, row: SandboxRow) -> dict[str, Any]:
+        """E2B's ``SandboxDetail``."""
+        return {**self.listed(row), "envdAccessToken": access_token(self.secret, row.id), "domain": None,
+                "allowInternetAccess": True,
+                "lifecycle": {"autoResume": bool(row.auto_resume), "onTimeout": "pause"}}
+
+    def settle(self, sandbox_id: str) -> SandboxRow:
+        """Wait for the sandbox's operation to end; its error as an E2B error."""
+        row = self.cp.wait_settled(sandbox_id, SETTLE_WAIT)
+        if row.state == "error" and row.error_code:
+            raise from_node(row.error_code, row.error_message or row.error_code)
+        return row
+
+    # operations (run in worker threads) --------------------------------------------------------------------------
+    def create(self, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """Create and wait until it runs; the ``Sandbox`` answer."""
+        template = body.get("templateID", DEFAULT_TEMPLATE)
+        if not isinstance(template, str) or not template:
+            raise E2BError(400, "templateID must be a non-empty string")
+        size = DEFAULT_SIZE if template == DEFAULT_TEMPLATE else template
+        if size not in self.cp.settings.sizes:
+            raise E2BError(400, f"unknown template {template[:80]!r}; sbx templates are 'base' and the sizes: "
+                           f"{', '.join(self.cp.settings.sizes)}")
+        timeout = body.get("timeout", DEFAULT_TIMEOUT)
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+            raise E2BError(400, "timeout must be a whole number of seconds >= 0")
+        for name in ("network", "mcp", "volumeMounts", "iam"):
+            if body.get(name):
+                raise E2BError(400, f"{name} is not supported by sbx")
+        if body.get("allow_internet_access") is False:
+            raise E2BError(400, "allow_internet_access=false is not supported by sbx")
+        auto_resume = body.get("autoResume") or {}
+        if not isinstance(auto_resume, dict) or not isinstance(auto_resume.get("enabled", False), bool):
+            raise E2BError(400, "autoResume must be {\"enabled\": bool}")
+        try:
+            spec = CreateSandbox.model_validate({
+                "type": size, "ttl": timeout, "env": body.get("envVars") or None,
+                "labels": body.get("metadata") or None, "autoResume": auto_resume.get("enabled", False)})
+        except ValidationError as e:
+            _status, _code, message, _field = validation_error(list(e.errors()))
+            raise E2BError(400, message.replace("labels", "metadata").replace("env", "envVars")) from None
+        row = self.cp.create(spec.type, None, spec.ttl, None, False, spec.env, spec.auto_resume, spec.labels,
+                             account_id=who.account_id)
+        row = self.settle(row.id)
+        if row.state != "running":
+            raise E2BError(409, f"sandbox {row.id} is {row.state}, not running")
+        return self.sandbox(row)
+
+    def list_page(self, who: Principal, query: dict[str, str]) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the account's sandboxes, newest first unless ``order=asc``; the next page's token."""
+        states = {"running", "paused"}
+        if "state" in query:
+            states = {s.strip() for s in query["state"].split(",") if s.strip()}
+            if not states or not states <= {"running", "paused"}:
+                raise E2BError(400, "state must be a comma-separated list of running and paused")
+        wanted: dict[str, str] = {}
+        if query.get("metadata"):
+            wanted = {unquote(k): unquote(v) for k, v in parse_qsl(query["metadata"], keep_blank_values=True)}
+        try:
+            limit = int(query.get("limit", LIST_LIMIT))
+        except ValueError:
+            raise E2BError(400, "limit must be a whole number from 1 to 100") from None
+        if not 1 <= limit <= LIST_LIMIT:
+            raise E2BError(400, "limit must be a whole number from 1 to 100")
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise E2BError(400, "order must be asc or desc")
+        offset = 0
+        if query.get("nextToken"):
+            try:
+                offset = int(base64.urlsafe_b64decode(query["nextToken"].encode()).decode().removeprefix("o:"))
+            except (ValueError, binascii.Error, UnicodeDecodeError):
+                raise E2BError(400, "nextToken is not one this server gave") from None
+            if offset < 0:
+                raise E2BError(400, "nextToken is not one this server gave")
+        rows = [r for r in self.cp.list_sandboxes(wanted or None, who.scope)
+                if ("running" in states and r.state in RUNNING) or ("paused" in states and r.state in PAUSED)]
+        if query.get("template"):
+            rows = [r for r in rows if r.type == query["template"]]
+        rows.sort(key=lambda r: (as_utc(r.created_at), r.id), reverse=order == "desc")
+        page = rows[offset:offset + limit]
+        more = offset + limit < len(rows)
+        token = base64.urlsafe_b64encode(f"o:{offset + limit}".encode()).decode() if more else None
+        return [self.listed(r) for r in page], token
+
+    def kill(self, who: Principal, sandbox_id: str) -> None:
+        """Delete the sandbox and wait until it is gone."""
+        self.row(who, sandbox_id)
+        self.cp.delete(sandbox_id)
+        try:
+            self.cp.wait_settled(sandbox_id, SETTLE_WAIT)
+        except ControlError as e:
+            if e.status != 404:
+                raise
+
+    def set_timeout(self, who: Principal, sandbox_id: str, body: dict[str, Any]) -> None:
+        """Make ``timeout`` the sandbox's ttl."""
+        timeout = body.get("timeout")
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 10 * 365 * 86400:
+            raise E2BError(400, "timeout must be a whole number of seconds >= 0")
+        self.row(who, sandbox_id)
+        self.cp.store.update_sandbox(sandbox_id, ttl=timeout)
+
+    def pause(self, who: Principal, sandbox_id: str, body: dict[str, Any]) -> None:
+        """Stop keeping memory (unless ``memory`` is false) and wait; 409 when already paused."""
+        memory = body.get("memory", True)
+        if not isinstance(memory, bool):
+            raise E2BError(400, "memory must be true or false")
+        row = self.row(who, sandbox_id)
+        if row.state in PAUSED:
+            raise E2BError(409, f"sandbox {sandbox_id} is already paused")
+        self.cp.stop(sandbox_id, keep_memory=memory)
+        self.settle(sandbox_id)
+
+    def connect(self, who: Principal, sandbox_id: str, body: dict[str, Any], resume_only: bool = False
+                ) -> tuple[int, dict[str, Any]]:
+        """Resume a paused sandbox (201) or keep a running one (200); the ttl becomes at least ``timeout``."""
+        timeout = body.get("timeout", DEFAULT_TIMEOUT)
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 10 * 365 * 86400:
+            raise E2BError(400, "timeout must be a whole number of seconds >= 0")
+        row = self.row(who, sandbox_id)
+        ttl = row.ttl if row.ttl == 0 or (timeout and timeout <= row.ttl) else timeout
+        if row.state in PAUSED:
+            self.cp.resume(sandbox_id, ttl=ttl)
+            row = self.settle(sandbox_id)
+            if row.state != "running":
+                raise E2BError(409, f"sandbox {sandbox_id} is {row.state} after resuming")
+            return 201, self.sandbox(row)
+        if resume_only:
+            raise E2BError(409, f"sandbox {sandbox_id} is already running")
+        if ttl != row.ttl:
+            self.cp.store.update_sandbox(sandbox_id, ttl=ttl)
+        row = self.settle(sandbox_id)
+        return 200, self.sandbox(row)
+
+    def metrics(self, who: Principal, sandbox_id: str, query: dict[str, str]) -> list[dict[str, Any]]:
+        """E2B's ``SandboxMetric`` list from the control plane's samples (between ``start`` and ``end``, Unix
+        seconds, when given)."""
+        row = self.row(who, sandbox_id)
+        bounds = []
+        for name in ("start", "end"):
+            try:
+                bounds.append(float(query[name]) if name in query else None)
+            except ValueError:
+                raise E2BError(400, f"{name} must be Unix seconds") from None
+        cpus, mem, disk = self.size(row)
+        out = []
+        for x in self.cp.sampler.series(sandbox_id):
+            if (bounds[0] is not None and x.at < bounds[0]) or (bounds[1] is not None and x.at > bounds[1]):
+                continue
+            when = dt.datetime.fromtimestamp(x.at, dt.UTC)
+            out.append({"timestamp": iso(when), "timestampUnix": int(x.at), "cpuCount": cpus,
+                        "cpuUsedPct": x.cpu_percent / max(cpus, 1), "memUsed": x.memory_used_mb << 20,
+                        "memTotal": x.memory_total_mb << 20, "memCache": 0, "diskUsed": 0,
+                        "diskTotal": disk << 20})
+        return out
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (an empty body is ``{}``); 400 otherwise."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise E2BError(400, f"the body is not valid JSON: {e}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise E2BError(400, "the body must be a JSON object")
+    return value
+
+
+def create_app(cp: ControlPlane, secret: bytes, gate: Gate) -> FastAPI:
+    """The E2B REST application (mount it at ``/e2b``); ``gate`` checks its keys (the sbx API's own)."""
+    api = Api(cp, secret)
+    app = FastAPI(title="sbx: E2B-compatible API", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.gate = gate
+
+    @app.exception_handler(E2BError)
+    async def _e2b(_req: Request, exc: E2BError) -> JSONResponse:
+        return e2b_error(exc.status, exc.message)
+
+    @app.exception_handler(ControlError)
+    async def _control(_req: Request, exc: ControlError) -> JSONResponse:
+        status = exc.status if exc.status < 500 else 503
+        return e2b_error(status, f"{exc.code}: {exc.message}", headers=exc.headers)
+
+    @app.exception_handler(NodeError)
+    async def _node(_req: Request, exc: NodeError) -> JSONResponse:
+        mapped = from_node(exc.code, exc.message)
+        return e2b_error(mapped.status if mapped.status < 500 else 503, f"{mapped.code}: {mapped.message}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return e2b_error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in the E2B API")
+        return e2b_error(503, f"internal error ({type(exc).__name__}); see the server log")
+
+    async def who(request: Request) -> Principal:
+        return await run_in_threadpool(api.who, request)
+
+    @app.post("/sandboxes", status_code=201)
+    @app.post("/v2/sandboxes", status_code=201)
+    async def create(request: Request) -> JSONResponse:
+        """Create a sandbox (see the module's table)."""
+        principal = await who(request)
+        body = await _body(request)
+        return JSONResponse(await run_in_threadpool(api.create, principal, body), status_code=201)
+
+    @app.get("/sandboxes")
+    @app.get("/v2/sandboxes")
+    async def list_sandboxes(request: Request) -> JSONResponse:
+        """List the account's sandboxes; ``X-Next-Token`` when there are more."""
+        principal = await who(request)
+        query = dict(request.query_params)
+        if request.url.path.endswith("/sandboxes") and "/v2/" not in request.url.path:
+            query.setdefault("state", "running")  # v1 listed running sandboxes only
+        page, token = await run_in_threadpool(api.list_page, principal, query)
+        return JSONResponse(page, headers={"X-Next-Token": token} if token else None)
+
+    @app.get("/sandboxes/{sandbox_id}")
+    async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
+        """One sandbox's detail."""
+        principal = await who(request)
+        return JSONResponse(api.detail(await run_in_threadpool(api.row, principal, sandbox_id)))
+
+    @app.delete("/sandboxes/{sandbox_id}", status_code=204)
+    async def kill(sandbox_id: str, request: Request) -> Response:
+        """Kill (delete) a sandbox."""
+        principal = await who(request)
+        await run_in_threadpool(api.kill, principal, sandbox_id)
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    async def set_timeout(sandbox_id: str, request: Request) -> Response:
+        """Set the sandbox's timeout (its ttl)."""
+        principal = await who(request)
+        await run_in_threadpool(api.set_timeout, principal, sandbox_id, await _body(request))
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    async def pause(sandbox_id: str, request: Request) -> Response:
+        """Pause (stop with memory)."""
+        principal = await who(request)
+        await run_in_threadpool(api.pause, principal, sandbox_id, await _body(request))
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/connect")
+    @app.post("/v2/sandboxes/{sandbox_id}/connect")
+    async def connect(sandbox_id: str, request: Request) -> JSONResponse:
+        """Connect: resume when paused."""
+        principal = await who(request)
+        status, out = await run_in_threadpool(api.connect, principal, sandbox_id, await _body(request))
+        return JSONResponse(out, status_code=status)
+
+    @app.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+    async def resume(sandbox_id: str, request: Request) -> JSONResponse:
+        """Resume a paused sandbox (E2B's older call); 409 when it runs."""
+        principal = await who(request)
+        _status, out = await run_in_threadpool(api.connect, principal, sandbox_id, await _body(request), True)
+        return JSONResponse(out, status_code=201)
+
+    @app.get("/sandboxes/{sandbox_id}/metrics")
+    async def metrics(sandbox_id: str, request: Request) -> JSONResponse:
+        """Samples of CPU and memory use."""
+        principal = await who(request)
+        return JSONResponse(await run_in_threadpool(api.metrics, principal, sandbox_id,
+                                                    dict(request.query_params)))
+
+    return app
