@@ -1,7 +1,7 @@
 """Background duties of the control plane, run every ``tick`` seconds in one thread:
 
 - TTL: a running sandbox whose ``ttl`` (seconds, 0 = never) has passed without activity (see
-  :class:`sbx.control.service.Activity`: an exec for its whole run, an attached log stream or job wait) is
+  :class:`sbx.control.sandboxes.activity.Activity`: an exec for its whole run, an attached log stream or job wait) is
   stopped, keeping its memory (disk only for a ``no_snapshots`` sandbox).
 - Automatic snapshots: every ``settings.auto_snapshot_seconds`` (0 disables) a running sandbox gets a snapshot
   named ``auto-<id>-<YYYYmmddTHHMMSSZ>``; only the newest ``settings.auto_snapshot_keep`` automatic ones are kept.

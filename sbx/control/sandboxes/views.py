@@ -1,4 +1,4 @@
-"""The API shapes of stats samples, jobs and snapshots (sandboxes:
+"""The API shapes of stats samples, jobs and snapshots (a sandbox's own:
 :meth:`sbx.control.sandboxes.planebase.PlaneBase.view`)."""
 
 from __future__ import annotations
