@@ -17,7 +17,8 @@ The rooms, from the top down (each imports only the rooms below it; the layers c
   memory, templates, warm pool), :mod:`sbx.node.exec` (commands, jobs, spawned processes), :mod:`sbx.node.migration`
   (live migration, stopped moves, seal replicas);
 - then ``agentbase``, and the mechanisms it is built from, which know no node object: :mod:`sbx.node.network`
-  (bridge, nftables, egress policy and proxy, the prestart hook), :mod:`sbx.node.host` (``sbx setup``, CRIU, the
-  base image) and :mod:`sbx.node.container` (cgroups, the root filesystem, the watcher, crash-safety pieces);
+  (bridge, nftables, egress policy and proxy, the prestart hook) and :mod:`sbx.node.host` (``sbx setup``, CRIU, the
+  base image), independent of each other, above :mod:`sbx.node.container` (cgroups, the root filesystem, the
+  watcher, crash-safety pieces);
 - ``steps`` and ``types`` at the bottom.
 """

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sbx.config import Settings, Size
 from sbx.node.container import cgdelegate, cgroup, lxcfs, recovery, rootfs, watch
+from sbx.node.host import aptsources
 from sbx.node.network import bridge as network
 from sbx.node.network import egress, hookd
 from sbx.node.network.egressproxy import EgressProxy
@@ -114,7 +115,7 @@ class NodeBase:
         if self._hookd is None:
             self._hookd = hookd.HookServer(self.run_dir / "hookd" / "hook.sock")
         say("network")
-        policy = egress.egress_policy(self.settings.egress_allow)
+        policy = egress.egress_policy(self.settings.egress_allow, aptsources.mirror_lines_if_any())
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name, policy,
                               proxy_port=self.settings.egress_proxy_port)
         if self.settings.egress_proxy_port and self._egress is None:

@@ -44,6 +44,7 @@ def test_the_tree_keeps_its_contracts(tree: Path) -> None:
         ("sbx/guest/hostside.py", "import sbx.node.agent", "never imports the host side"),
         ("sbx/node/container/upward.py", "import sbx.node.agentbase", "Node layers"),
         ("sbx/node/network/upward.py", "from sbx.node.lifecycle import containers", "Node layers"),
+        ("sbx/node/network/sideways.py", "from sbx.node.host import aptsources", "Node layers"),
         ("sbx/node/memory/sideways.py", "from sbx.node.migration import outgoing", "Node layers"),
         ("sbx/node/migration/served.py", "from sbx.node.remote import server", "Node layers"),
         ("sbx/node/network/hookclient.py", "import sbx.config", "run outside the node process"),

@@ -8,5 +8,5 @@
 - :mod:`sbx.node.host.tools`: running a host tool and turning its failure into an error.
 
 May import :mod:`sbx.node.container`, :mod:`sbx.node.types`, :mod:`sbx.config`, the image recipe
-(:mod:`sbx.guest.recipe`) and the layers below the node (runtime, storage).
+(:mod:`sbx.guest.recipe`) and the layers below the node (runtime, storage), not :mod:`sbx.node.network`.
 """

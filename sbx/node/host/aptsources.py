@@ -186,3 +186,12 @@ def mirror_lines(sources: Iterable[AptSource] | None = None) -> list[str]:
     if security is not None:
         lines.append(f"deb {security} {recipe.SECURITY_SUITE} {components}")
     return lines
+
+
+def mirror_lines_if_any() -> list[str]:
+    """:func:`mirror_lines` of the host's sources, or ``[]`` when the host lists no Debian mirror: the mirrors the
+    egress policy lets sandboxes reach (:func:`sbx.node.network.egress.egress_policy`)."""
+    try:
+        return mirror_lines()
+    except NoMirror:
+        return []

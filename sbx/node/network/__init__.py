@@ -12,7 +12,7 @@
 - :mod:`sbx.node.network.hookclient`: the prestart hook runc runs, a stdlib-only client of the hook server;
 - :mod:`sbx.node.network.nethook`: the hook's work (cgroups handed over, network wired), and its fallback entry point.
 
-May import :mod:`sbx.node.host`, :mod:`sbx.node.container`, :mod:`sbx.node.types`, :mod:`sbx.config` and the layers
-below the node;
+May import :mod:`sbx.node.container`, :mod:`sbx.node.types`, :mod:`sbx.config` and the layers below the node, not
+:mod:`sbx.node.host` (the node passes in what it needs of the host, e.g. the apt mirrors);
 ``hookclient`` and ``egressaddon`` run outside the node process and import no sbx module at all.
 """

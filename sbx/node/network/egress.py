@@ -15,9 +15,9 @@ into nftables:
 - ``services``: exact ``(address, protocol, port)`` exceptions a sandbox needs to work as a Debian machine, also
   when they sit on private addresses: the nameservers the host's ``/etc/resolv.conf`` lists (UDP and TCP 53;
   the same ones :func:`host_nameservers` gives the sandboxes' ``resolv.conf``), and the Debian mirrors the image's
-  apt sources name (:func:`sbx.node.host.aptsources.mirror_lines`), resolved to IPv4 addresses here, at server start, on
-  the URI's port (80 for ``http``, 443 for ``https``). A mirror that moves to a new address needs a server
-  restart; an apt proxy the guest is told about must be listed in ``egress_allow``.
+  apt sources name (the node passes them in: :func:`sbx.node.host.aptsources.mirror_lines_if_any`), resolved to
+  IPv4 addresses here, at server start, on the URI's port (80 for ``http``, 443 for ``https``). A mirror that moves
+  to a new address needs a server restart; an apt proxy the guest is told about must be listed in ``egress_allow``.
 """
 
 from __future__ import annotations
@@ -149,19 +149,12 @@ def host_networks() -> list[str]:
     return sorted(nets)
 
 
-def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] | None = None) -> EgressPolicy:
+def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] = ()) -> EgressPolicy:
     """The node's policy: :data:`DEFAULT_DENY` plus :func:`host_networks`, ``allow`` parsed by :func:`parse_allow`
     (raises :class:`EgressConfigError` when bad), and services for the host's nameservers and the apt mirrors of
-    ``apt_lines`` (default: the image's, :func:`sbx.node.host.aptsources.mirror_lines`; none when the host lists no
-    Debian mirror). Resolves the mirror host names, so call it once at server start."""
+    ``apt_lines`` (the node passes the image's, :func:`sbx.node.host.aptsources.mirror_lines_if_any`). Resolves the
+    mirror host names, so call it once at server start."""
     allowed = parse_allow(allow)
-    if apt_lines is None:
-        from sbx.node.host.aptsources import NoMirror, mirror_lines
-
-        try:
-            apt_lines = mirror_lines()
-        except NoMirror:
-            apt_lines = []
     services: list[tuple[str, str, int]] = []
     for ns in host_nameservers():
         services += [(ns, "udp", 53), (ns, "tcp", 53)]

@@ -120,3 +120,11 @@ def test_read_host_sources_from_a_tree(tmp_path: Path) -> None:
 
 def test_read_host_sources_of_an_empty_tree(tmp_path: Path) -> None:
     assert aptsources.read_host_sources(tmp_path) == []
+
+
+def test_the_egress_policy_gets_the_image_mirrors_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aptsources, "read_host_sources", lambda: aptsources.parse_deb822_sources(DEB822))
+    assert aptsources.mirror_lines_if_any() == aptsources.mirror_lines(aptsources.parse_deb822_sources(DEB822))
+    monkeypatch.setattr(aptsources, "read_host_sources",
+                        lambda: aptsources.parse_one_line_sources("deb http://other.example.org/x stable main\n"))
+    assert aptsources.mirror_lines_if_any() == []
