@@ -266,7 +266,7 @@ class Envd:
     def _files_user(request: Request) -> str:
         user = request.query_params.get("username") or request.query_params.get("user") or "user"
         if user not in USERS:
-            raise _HTTPError(401, f"unknown user {user[:40]!r}: sbx sandboxes have user and root")
+            raise FilesError(401, f"unknown user {user[:40]!r}: sbx sandboxes have user and root")
         return user
 
     async def download(self, request: Request, sid: str) -> Response:
@@ -275,10 +275,10 @@ class Envd:
             user = self._files_user(request)
             path = request.query_params.get("path")
             if not path:
-                raise _HTTPError(400, "path is required")
+                raise FilesError(400, "path is required")
             p = fs.absolute(path, user)
             chunks = await run_in_threadpool(self.cp.files.open_read, sid, p, user)
-        except _HTTPError as e:
+        except FilesError as e:
             return http_error(e.status, e.message)
         except ConnectError as e:
             return http_error(400, e.message)
@@ -294,33 +294,33 @@ class Envd:
             ctype = request.headers.get("content-type", "")
             if ctype.lower().startswith("application/octet-stream"):
                 if not path:
-                    raise _HTTPError(400, "path is required for an application/octet-stream upload")
+                    raise FilesError(400, "path is required for an application/octet-stream upload")
                 p = fs.absolute(path, user)
                 await self._write_stream(request, sid, p, user)
                 return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"}])
             if not ctype.lower().startswith("multipart/form-data"):
-                raise _HTTPError(400, "the body must be multipart/form-data or application/octet-stream")
+                raise FilesError(400, "the body must be multipart/form-data or application/octet-stream")
             body = bytearray()
             async for chunk in request.stream():
                 body.extend(chunk)
                 if len(body) > UPLOAD_MAX:
-                    raise _HTTPError(413, f"a multipart upload is limited to {UPLOAD_MAX} bytes; use "
+                    raise FilesError(413, f"a multipart upload is limited to {UPLOAD_MAX} bytes; use "
                                      "application/octet-stream for bigger files")
             parts = parse_multipart(bytes(body), ctype)
             if not parts:
-                raise _HTTPError(400, "no file part in the multipart body")
+                raise FilesError(400, "no file part in the multipart body")
             if path and len(parts) > 1:
-                raise _HTTPError(400, "several parts need no path (each part's filename is its path)")
+                raise FilesError(400, "several parts need no path (each part's filename is its path)")
             written = []
             for filename, data in parts:
                 target = path or filename
                 if not target:
-                    raise _HTTPError(400, "a part without filename needs the path parameter")
+                    raise FilesError(400, "a part without filename needs the path parameter")
                 p = fs.absolute(target, user)
                 await run_in_threadpool(self._write_all, sid, p, user, data)
                 written.append({"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"})
             return JSONResponse(written)
-        except _HTTPError as e:
+        except FilesError as e:
             return http_error(e.status, e.message)
         except ConnectError as e:
             return http_error(400, e.message)
@@ -346,7 +346,7 @@ class Envd:
                     try:
                         chunk = inflate.decompress(chunk)
                     except zlib.error as e:
-                        raise _HTTPError(400, f"the body is not valid gzip: {e}") from None
+                        raise FilesError(400, f"the body is not valid gzip: {e}") from None
                 if chunk:
                     await run_in_threadpool(writer.write, chunk)
         except BaseException:
@@ -355,7 +355,9 @@ class Envd:
         await run_in_threadpool(writer.finish)
 
 
-class _HTTPError(Exception):
+class FilesError(Exception):
+    """A ``/files`` request answered with envd's ``{"code": status, "message"}``."""
+
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
@@ -372,25 +374,25 @@ def _files_error(e: ControlError, path: str) -> JSONResponse:
 
 def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
     """``(filename, content)`` of each part of a ``multipart/form-data`` body (RFC 7578) whose boundary is in
-    ``content_type``. Raises :class:`_HTTPError` 400 for a missing boundary or a malformed body."""
+    ``content_type``. Raises :class:`FilesError` 400 for a missing boundary or a malformed body."""
     boundary = ""
     for param in content_type.split(";")[1:]:
         key, _, value = param.strip().partition("=")
         if key.lower() == "boundary":
             boundary = value.strip().strip('"')
     if not boundary:
-        raise _HTTPError(400, "multipart/form-data without a boundary")
+        raise FilesError(400, "multipart/form-data without a boundary")
     delimiter = b"--" + boundary.encode()
     pieces = body.split(delimiter)
     if len(pieces) < 3:
-        raise _HTTPError(400, "malformed multipart body")
+        raise FilesError(400, "malformed multipart body")
     parts = []
     for piece in pieces[1:]:
         if piece.startswith(b"--"):
             break
         head, sep, content = piece.partition(b"\r\n\r\n")
         if not sep:
-            raise _HTTPError(400, "malformed multipart part (no header end)")
+            raise FilesError(400, "malformed multipart part (no header end)")
         if content.endswith(b"\r\n"):
             content = content[:-2]
         filename = ""

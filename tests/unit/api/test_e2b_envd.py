@@ -15,7 +15,7 @@ import pytest
 
 from sbx.api.e2b import connect, fs, procs
 from sbx.api.e2b.connect import ConnectError
-from sbx.api.e2b.envd import basic_user, parse_multipart
+from sbx.api.e2b.envd import FilesError, basic_user, parse_multipart
 from tests.fakes import TOKEN, Api, make_api
 from tests.unit.api.test_files_ports import SpawnNode
 
@@ -197,9 +197,9 @@ def test_multipart_parsing() -> None:
     body = (b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a/b.txt\"\r\n"
             b"Content-Type: application/octet-stream\r\n\r\nline1\r\nline2\r\n--XX--\r\n")
     assert parse_multipart(body, 'multipart/form-data; boundary="XX"') == [("a/b.txt", b"line1\r\nline2")]
-    with pytest.raises(Exception):
+    with pytest.raises(FilesError):
         parse_multipart(body, "multipart/form-data")
-    with pytest.raises(Exception):
+    with pytest.raises(FilesError):
         parse_multipart(b"garbage", "multipart/form-data; boundary=XX")
 
 
