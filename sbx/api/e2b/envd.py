@@ -10,12 +10,15 @@ Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
 
 - ``GET /health``: 204 while the sandbox runs.
 - ``GET /files?path=&username=``: the file's bytes; 404/400 ``{"code","message"}``.
+- Signed ``/files`` URLs (``download_url``/``upload_url``: ``signature`` and ``signature_expiration`` in the
+  query, no header): the sandbox is the one whose access token verifies the signature.
 - ``POST /files?path=&username=``: ``multipart/form-data`` (each ``file`` part; its filename is its path when no
   ``path`` is given) or ``application/octet-stream`` (``Content-Encoding: gzip`` allowed); 200 ``[{"path","name",
   "type":"file"}]``.
 - Connect RPCs (:mod:`sbx.api.e2b.connect`, JSON codec): ``process.Process/`` ``Start`` and ``Connect`` (server
-  streams), ``List``, ``SendSignal`` (:mod:`sbx.api.e2b.procs`); ``filesystem.Filesystem/`` ``Stat``,
-  ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`). Other methods answer ``unimplemented``.
+  streams), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin`` (:mod:`sbx.api.e2b.procs`);
+  ``filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`).
+  Other methods answer ``unimplemented``.
 
 A sandbox that is unknown, deleted, or stopped (E2B: paused) without ``autoResume`` gets E2B's edge answer: 502
 ``{"sandboxId","message":"The sandbox was not found","code":502}``, which the SDK reads as "not running".
@@ -26,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import hmac
 import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -66,7 +71,8 @@ UPLOAD_MAX = 256 << 20
 """Largest multipart upload accepted, in bytes (it is parsed in memory; octet-stream uploads stream and have no
 limit)."""
 STREAMS = {"process.Process/Start", "process.Process/Connect"}
-UNARY = {"process.Process/List", "process.Process/SendSignal", "filesystem.Filesystem/Stat",
+UNARY = {"process.Process/List", "process.Process/SendSignal", "process.Process/SendInput",
+         "process.Process/CloseStdin", "filesystem.Filesystem/Stat",
          "filesystem.Filesystem/ListDir", "filesystem.Filesystem/MakeDir", "filesystem.Filesystem/Move",
          "filesystem.Filesystem/Remove"}
 
@@ -112,6 +118,12 @@ class Envd:
     def _check(self, request: Request) -> tuple[str, Response | None]:
         """The sandbox id, and the answer to give instead of serving (502, 401), if any."""
         sid = request.headers.get("e2b-sandbox-id", "")
+        signed = request.url.path == "/files" and "signature" in request.query_params
+        if not sid and signed:
+            found = self._signed_sandbox(request)
+            if isinstance(found, Response):
+                return "", found
+            sid = found
         port = request.headers.get("e2b-sandbox-port", str(ENVD_PORT))
         row = self.cp.store.get_sandbox(sid) if sid else None
         if row is None or row.state in ("deleted", "deleting", "error") or (
@@ -124,9 +136,43 @@ class Envd:
         if request.url.path == "/health":
             return sid, None
         given = request.headers.get("x-access-token", "")
-        if not hmac.compare_digest(given.encode(), access_token(self.secret, sid).encode()):
-            return sid, http_error(401, "missing or wrong X-Access-Token for this sandbox")
-        return sid, None
+        if hmac.compare_digest(given.encode(), access_token(self.secret, sid).encode()):
+            return sid, None
+        if signed:
+            refused = self._signature_refusal(request, access_token(self.secret, sid))
+            return sid, refused
+        return sid, http_error(401, "missing or wrong X-Access-Token for this sandbox")
+
+    def _signed_sandbox(self, request: Request) -> str | Response:
+        """The sandbox a header-less signed ``/files`` URL was made for: the one whose access token verifies its
+        signature (401 when none does)."""
+        for row in self.cp.store.list_sandboxes():
+            if self._signature_refusal(request, access_token(self.secret, row.id), check_expiry=False) is None:
+                return row.id
+        return http_error(401, "invalid signature")
+
+    @staticmethod
+    def _signature_refusal(request: Request, token: str, check_expiry: bool = True) -> Response | None:
+        """None when the URL's ``signature`` is the SDK's v1 signature of its path, operation (``read`` for GET,
+        ``write`` for POST), ``username`` and ``signature_expiration`` with ``token`` (and not expired); else the
+        401 answer."""
+        q = request.query_params
+        expiration = q.get("signature_expiration")
+        parts = [q.get("path", ""), "read" if request.method == "GET" else "write", q.get("username", ""), token]
+        if expiration is not None:
+            parts.append(expiration)
+        digest = hashlib.sha256(":".join(parts).encode()).digest()
+        expected = "v1_" + base64.b64encode(digest).rstrip(b"=").decode()
+        if not hmac.compare_digest(expected.encode(), q.get("signature", "").encode()):
+            return http_error(401, "invalid signature")
+        if check_expiry and expiration is not None:
+            try:
+                expired = int(expiration) < time.time()
+            except ValueError:
+                return http_error(401, "invalid signature expiration")
+            if expired:
+                return http_error(401, "signature is already expired")
+        return None
 
     async def handle(self, request: Request) -> Response:
         """Route ``request``; never raises (every failure is an answer)."""
@@ -186,6 +232,12 @@ class Envd:
             return procs.listed(self.cp, sid)
         if method == "process.Process/SendSignal":
             procs.signal(self.cp, sid, m)
+            return {}
+        if method == "process.Process/SendInput":
+            procs.send_input(self.cp, sid, m)
+            return {}
+        if method == "process.Process/CloseStdin":
+            procs.close_stdin(self.cp, sid, m)
             return {}
         if method == "filesystem.Filesystem/Stat":
             return fs.stat(self.cp, sid, m.get("path"), user)  # type: ignore[arg-type]
@@ -409,7 +461,8 @@ def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
 
 
 class Dispatch:
-    """ASGI middleware: requests with an ``E2b-Sandbox-Id`` header go to ``envd``, the rest to ``app``."""
+    """ASGI middleware: requests with an ``E2b-Sandbox-Id`` header, and signed ``/files`` URLs (which carry no
+    header: anyone the SDK's user hands one to may open it), go to ``envd``; the rest to ``app``."""
 
     def __init__(self, app: ASGIApp, envd: ASGIApp):
         self.app = app
@@ -418,7 +471,8 @@ class Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Dispatch one request or connection."""
         if scope["type"] == "http":
-            for name, _value in scope.get("headers", ()):
+            signed = scope.get("path") == "/files" and b"signature=" in scope.get("query_string", b"")
+            for name, _value in [(b"e2b-sandbox-id", b"")] if signed else scope.get("headers", ()):
                 if name == b"e2b-sandbox-id":
                     await self.envd(scope, receive, send)
                     return

@@ -76,7 +76,6 @@ def entries(raw: bytes) -> list[dict[str, Any]]:
         }
         if own == "l":
             entry["symlinkTarget"] = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-            entry["isSymlink"] = True
         out.append(entry)
     return out
 
@@ -126,14 +125,14 @@ def stat(cp: ControlPlane, sandbox_id: str, path: str, user: str) -> dict[str, A
 
 def list_dir(cp: ControlPlane, sandbox_id: str, path: str, depth: Any, user: str) -> dict[str, Any]:
     """``ListDirResponse`` ``{"entries"}``: everything under directory ``path`` down to ``depth`` levels (1: its
-    own entries); ``not_found``, ``invalid_argument`` for a file or a depth outside 1..64."""
+    own entries), sorted by path; ``not_found``, ``invalid_argument`` for a file or a depth outside 1..64."""
     p = absolute(path, user)
     levels = 1 if depth in (None, 0) else depth
     if not isinstance(levels, int) or isinstance(levels, bool) or not 1 <= levels <= 64:
         raise ConnectError("invalid_argument", "depth must be an integer from 1 to 64")
     raw = run(cp, sandbox_id, f'p={_q(p)}; [ -e "$p" ] || exit 44; [ -d "$p" ] || exit 46; '
                               f"find -H \"$p\" -mindepth 1 -maxdepth {levels} -printf '{FIELDS}'", user)
-    return {"entries": entries(raw)}
+    return {"entries": sorted(entries(raw), key=lambda e: e["path"])}
 
 
 def make_dir(cp: ControlPlane, sandbox_id: str, path: str, user: str) -> dict[str, Any]:
@@ -155,9 +154,10 @@ def move(cp: ControlPlane, sandbox_id: str, source: str, destination: str, user:
 
 
 def remove(cp: ControlPlane, sandbox_id: str, path: str, user: str) -> dict[str, Any]:
-    """``RemoveResponse`` ``{}`` after removing ``path`` (a directory with everything in it); ``not_found``."""
+    """``RemoveResponse`` ``{}`` after removing ``path`` (a directory with everything in it); a path that does
+    not exist is removed already (as envd answers)."""
     p = absolute(path, user)
     if p == "/":
         raise ConnectError("invalid_argument", "refusing to remove /")
-    run(cp, sandbox_id, f'p={_q(p)}; [ -e "$p" ] || [ -L "$p" ] || exit 44; rm -rf -- "$p"', user)
+    run(cp, sandbox_id, f'rm -rf -- {_q(p)}', user)
     return {}

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
 
 JOBS_DIR = "/var/lib/sbx-jobs"
+STDIN_DIR = "/tmp/.sbx-e2b-stdin-"
 MARK = "# sbx-e2b:"
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 """Signals of envd's ``Signal`` enum (JSON names or numbers) and their numbers."""
@@ -62,11 +63,23 @@ def control_to_connect(e: ControlError) -> ConnectError:
     return ConnectError("invalid_argument", e.message)
 
 
-def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None) -> str:
-    """The job command for a process running ``cmd`` with ``args`` (see the module's doc)."""
+def stdin_dir(pid: int) -> str:
+    """The folder of the stdin pipe of the process with ``pid`` (started with ``stdin``)."""
+    return f"{STDIN_DIR}{pid}"
+
+
+def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, stdin: bool = False) -> str:
+    """The job command for a process running ``cmd`` with ``args`` (see the module's doc). With ``stdin`` its
+    standard input is a named pipe in :func:`stdin_dir` held open by a ``sleep`` (pid in ``holder`` there) until
+    ``CloseStdin``; :func:`send_input` writes to it."""
     meta = base64.b64encode(json.dumps({"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}).encode()).decode()
     argv = " ".join(shlex.quote(a) for a in [cmd, *args])
-    return f"printf '%s\\n' \"$$\" >&2\nexec {argv}\n{MARK}{meta}"
+    pipe = ""
+    if stdin:
+        pipe = (f's={STDIN_DIR}$$; mkdir -m 700 "$s" && mkfifo "$s/stdin" && '
+                '{ sleep infinity > "$s/stdin" & echo $! > "$s/holder"; }\n')
+        argv += ' < "$s/stdin"'
+    return f"printf '%s\\n' \"$$\" >&2\n{pipe}exec {argv}\n{MARK}{meta}"
 
 
 def follower_script(job: str, from_now: bool) -> str:
@@ -172,10 +185,13 @@ def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str)
         raise ConnectError("invalid_argument", "process.envs must map strings to strings")
     if cwd is not None and not isinstance(cwd, str) or tag is not None and not isinstance(tag, str):
         raise ConnectError("invalid_argument", "process.cwd and tag must be strings")
+    stdin = request.get("stdin", False)
+    if not isinstance(stdin, bool):
+        raise ConnectError("invalid_argument", "stdin must be true or false")
     if any("\0" in s for s in [process["cmd"], *args, *envs, *envs.values()]):
         raise ConnectError("invalid_argument", "NUL bytes are not allowed in a command, its arguments or env")
     try:
-        job = cp.exec_detached(sandbox_id, job_command(process["cmd"], args, cwd, tag), user=user,
+        job = cp.exec_detached(sandbox_id, job_command(process["cmd"], args, cwd, tag, stdin), user=user,
                                env=dict(envs) or None, cwd=cwd)
     except ControlError as e:
         raise control_to_connect(e) from None
@@ -243,6 +259,38 @@ def signal(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
             raise control_to_connect(e) from None
         return
     run_root(cp, sandbox_id, f"kill -s {sig} {proc.pid}")
+
+
+def send_input(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
+    """``SendInput``: the bytes of ``input.stdin`` (base64) to the process's stdin pipe. ``not_found`` for a
+    process that does not run, ``failed_precondition`` when it was started without ``stdin`` or its stdin is
+    closed, ``unimplemented`` for pty input."""
+    given = request.get("input")
+    if not isinstance(given, dict) or not isinstance(given.get("stdin", given.get("pty")), str):
+        raise ConnectError("invalid_argument", "input must be {stdin: base64} or {pty: base64}")
+    if "stdin" not in given:
+        raise ConnectError("unimplemented", "pty input is not supported by sbx yet")
+    try:
+        data = base64.b64decode(given["stdin"], validate=True)
+    except (binascii.Error, ValueError):
+        raise ConnectError("invalid_argument", "input.stdin must be base64") from None
+    proc = find(cp, sandbox_id, request.get("process"))
+    d = stdin_dir(proc.pid)
+    code, _out, _err = run_root(cp, sandbox_id, f'd={d}; [ -p "$d/stdin" ] && [ -s "$d/holder" ] || exit 44; '
+                                f'kill -0 "$(cat "$d/holder")" 2>/dev/null || exit 44; '
+                                f'printf %s {shlex.quote(base64.b64encode(data).decode())} | base64 -d > "$d/stdin"')
+    if code == 44:
+        raise ConnectError("failed_precondition", f"process {proc.pid} has no open stdin (start it with stdin)")
+    if code != 0:
+        raise ConnectError("unavailable", f"writing to the stdin of process {proc.pid} failed (exit {code})")
+
+
+def close_stdin(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
+    """``CloseStdin``: end the process's stdin (its reader then sees end of file); ``not_found``."""
+    proc = find(cp, sandbox_id, request.get("process"))
+    d = stdin_dir(proc.pid)
+    run_root(cp, sandbox_id, f'd={d}; [ -s "$d/holder" ] && kill "$(cat "$d/holder")" 2>/dev/null; '
+                             f'rm -f "$d/holder"; true')
 
 
 def listed(cp: ControlPlane, sandbox_id: str) -> dict[str, Any]:
