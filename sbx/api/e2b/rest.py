@@ -178,7 +178,8 @@ class Api:
         return self.sandbox(row)
 
     def list_page(self, who: Principal, query: dict[str, str]) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of the account's sandboxes, newest first unless ``order=asc``; the next page's token."""
+        """One page of the account's sandboxes, newest first unless ``order=asc``; the next page's token. Filters:
+        ``state``, ``metadata`` (all pairs must match), ``template`` (a size), ``startedAfter`` (RFC 3339)."""
         states = {"running", "paused"}
         if "state" in query:
             states = {s.strip() for s in query["state"].split(",") if s.strip()}
@@ -208,6 +209,12 @@ class Api:
                 if ("running" in states and r.state in RUNNING) or ("paused" in states and r.state in PAUSED)]
         if query.get("template"):
             rows = [r for r in rows if r.type == query["template"]]
+        if query.get("startedAfter"):
+            try:
+                after = as_utc(dt.datetime.fromisoformat(query["startedAfter"].replace("Z", "+00:00")))
+            except ValueError:
+                raise E2BError(400, "startedAfter must be an RFC 3339 time") from None
+            rows = [r for r in rows if as_utc(r.created_at) > after]
         rows.sort(key=lambda r: (as_utc(r.created_at), r.id), reverse=order == "desc")
         page = rows[offset:offset + limit]
         more = offset + limit < len(rows)

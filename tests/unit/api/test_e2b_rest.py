@@ -116,6 +116,7 @@ def test_another_accounts_key_sees_and_touches_nothing(api: Api) -> None:
     ("GET", "/v2/sandboxes?limit=x", None, 400),
     ("GET", "/v2/sandboxes?order=up", None, 400),
     ("GET", "/v2/sandboxes?nextToken=!!", None, 400),
+    ("GET", "/v2/sandboxes?startedAfter=yesterday", None, 400),
     ("GET", "/sandboxes/sb_missing000", None, 404),
     ("GET", "/sandboxes/sb_missing000/metrics", None, 404),
     ("POST", "/sandboxes/sb_missing000/timeout", {"timeout": -5}, 400),
@@ -142,3 +143,15 @@ def test_keys(api: Api) -> None:
     assert r.status_code == 401 and r.json()["code"] == 401
     r = api.c.get("/e2b/v2/sandboxes", headers={"Authorization": f"Bearer {TOKEN}"})  # E2B sends X-API-KEY
     assert r.status_code == 401
+
+
+def test_started_after(api: Api) -> None:
+    import datetime as dt
+
+    sid = create(api)["sandboxID"]
+    started = api.c.get(f"/e2b/sandboxes/{sid}", headers=h()).json()["startedAt"]
+    at = dt.datetime.fromisoformat(started.replace("Z", "+00:00"))
+    found = api.c.get("/e2b/v2/sandboxes", params={"startedAfter": at.isoformat()}, headers=h()).json()
+    assert [s["sandboxID"] for s in found] == [sid]
+    later = (at + dt.timedelta(seconds=1)).isoformat()
+    assert api.c.get("/e2b/v2/sandboxes", params={"startedAfter": later}, headers=h()).json() == []
