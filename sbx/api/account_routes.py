@@ -4,6 +4,9 @@
     POST   /v1/accounts                      new account + first key (admin)   201 {"account", "key"}
     GET    /v1/accounts                      every account (admin)             200 {"accounts": [...]}
     PATCH  /v1/accounts/{id}                 change its plan (admin)           200 {"account"}
+    POST   /v1/accounts/{id}/suspend         suspend it (admin)                200 {"account", "sandboxes"}
+    POST   /v1/accounts/{id}/resume          lift a suspension (admin)         200 {"account"}
+    DELETE /v1/accounts/{id}                 delete it (admin)                 202 {"account", "sandboxes"}
     POST   /v1/accounts/{id}/keys            new key (admin, or the account)   201 {"key"} (with its token, once)
     GET    /v1/accounts/{id}/keys            its keys (no tokens)              200 {"keys": [...]}
     DELETE /v1/keys/{key}                    revoke a key                      200 {"key"}
@@ -12,7 +15,8 @@
     GET    /v1/usage?from&to&by&account&sandbox   metered use and cost              200 (see :class:`schemas.Usage`)
 
 An account's key sees only its own account (another's id answers 404 ``not_found``); the admin key sees all.
-``admin`` routes answer 403 ``admin_only`` to an account's key.
+``admin`` routes answer 403 ``admin_only`` to an account's key. Suspend, resume and delete (issue 36) are
+:mod:`sbx.control.sandboxes.accountend`; the first account answers them 403 ``protected_account``.
 """
 
 import calendar
@@ -86,6 +90,37 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         """Move an account to another plan (admin)."""
         require_admin(who)
         return {"account": account_view(cp.accounts.set_plan(account_id, body.plan))}  # type: ignore[attr-defined]
+
+    @v1.post("/accounts/{account_id}/suspend", tags=["accounts"], response_model=SA.AccountEnded,
+             responses=S.errors(403, 404, 409))
+    def suspend_account(account_id: str, who: Principal = Who) -> dict[str, Any]:
+        """Suspend an account (admin): from now on its keys and console sessions answer 403 ``account_suspended``
+        and its sandboxes may not be created, resumed or forked; those that run are stopped with their memory
+        (``stopReason: "suspended"``; ``sandboxes`` names them, the stops run in the background). Survives a
+        restart. 403 ``protected_account`` (the first account), 404, 409 ``account_deleted``."""
+        require_admin(who)
+        row, ids = cp.account_ends.suspend(account_id)
+        return {"account": account_view(row), "sandboxes": ids}
+
+    @v1.post("/accounts/{account_id}/resume", tags=["accounts"], response_model=SA.AccountOut,
+             responses=S.errors(403, 404, 409))
+    def resume_account(account_id: str, who: Principal = Who) -> dict[str, Any]:
+        """Lift a suspension (admin): its keys work again; its sandboxes stay stopped until resumed. An active
+        account is returned as it is. 403 ``protected_account``, 404, 409 ``account_deleted``."""
+        require_admin(who)
+        return {"account": account_view(cp.account_ends.resume(account_id))}
+
+    @v1.delete("/accounts/{account_id}", status_code=202, tags=["accounts"], response_model=SA.AccountEnded,
+               responses=S.errors(403, 404, 409))
+    def delete_account(account_id: str, who: Principal = Who) -> dict[str, Any]:
+        """Delete an account (admin): its keys answer 401 at once (port tokens of its hosted ports too); its
+        sandboxes (any state, forks too), snapshots, secrets and routes are removed in the background, while it
+        is ``deleting``, then it is ``deleted`` (see ``GET /v1/account?account=ID``). Its usage records stay in
+        the usage report. 403 ``protected_account`` (the first account), 404, 409 ``account_busy`` while a drain
+        or migration moves one of its sandboxes (nothing changed). A deleted account is returned as it is."""
+        require_admin(who)
+        row, ids = cp.account_ends.delete(account_id)
+        return {"account": account_view(row), "sandboxes": ids}
 
     @v1.post("/accounts/{account_id}/keys", status_code=201, tags=["accounts"], response_model=SA.KeyOut,
              responses=S.errors(400, 404))

@@ -92,7 +92,8 @@ class Gate:
 
     def check(self, token: str | None, client: str) -> Principal:
         """The principal of ``token`` presented from address ``client``. Raises 401 ``unauthorized`` (no key, or
-        a wrong/revoked/expired one), 401 ``auth_throttled`` (this address presented too many wrong keys lately;
+        a wrong/revoked/expired one, or one of a deleted account), 403 ``account_suspended`` (its account is
+        suspended), 401 ``auth_throttled`` (this address presented too many wrong keys lately;
         with ``Retry-After``) or 429 ``rate_limited`` (this key is over its request rate)."""
         if not token:
             raise ControlError("unauthorized", "missing API key (Authorization: Bearer <key>)", 401)

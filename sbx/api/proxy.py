@@ -12,7 +12,8 @@ and responses of any size stream through and a WebSocket upgrade (or any other p
   cookie. A ``?token=`` is removed from the forwarded URL and answered with an HttpOnly ``Set-Cookie`` on the first
   response, so a browser can follow links. The token header and cookie are never forwarded to the sandbox.
 - a stopped sandbox with ``autoResume`` is resumed first, then served; otherwise ``409 not_running`` with its
-  state. Nothing listening on the port: ``502 upstream_unreachable``.
+  state (a suspended account's: ``403 account_suspended``). Nothing listening on the port: ``502
+  upstream_unreachable``. A host of a deleted account's sandbox: ``401 unauthorized`` (issue 36).
 - every connection counts as activity for the sandbox's TTL while it is open.
 
 One request per connection: a plain request is forwarded with ``Connection: close`` (and the response gets it
@@ -57,8 +58,8 @@ def _error(status: int, code: str, message: str, state: str | None = None, extra
     if state is not None:
         body["state"] = state
     data = json.dumps({"error": body}).encode()
-    reason = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 409: "Conflict", 502: "Bad Gateway",
-              503: "Service Unavailable"}.get(status, "Error")
+    reason = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+              502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
             "connection: close\r\n").encode() + extra + b"\r\n" + data
 
@@ -183,6 +184,11 @@ class Proxy:
         cp = self.control
         found = await asyncio.to_thread(cp.routes.resolve, host)
         if found is None:
+            if await asyncio.to_thread(cp.routes.account_ended, host):  # issue 36: its tokens open nothing now
+                writer.write(_error(401, "unauthorized", "the account of this hosted port was deleted; its port "
+                                    "tokens no longer open anything"))
+                await writer.drain()
+                return
             writer.write(_error(404, "not_found", f"no hosted port at {host or '(no Host header)'}"))
             await writer.drain()
             return
@@ -219,7 +225,7 @@ class Proxy:
             relay = await asyncio.to_thread(cp.node.relay, sandbox.id)
             address = "" if relay is not None else await asyncio.to_thread(cp.node.address, sandbox.id)
         except ControlError as e:
-            writer.write(_error(e.status if e.status in (404, 409) else 502, e.code, e.message, e.state))
+            writer.write(_error(e.status if e.status in (403, 404, 409) else 502, e.code, e.message, e.state))
             await writer.drain()
             return
         except NodeError as e:

@@ -191,8 +191,10 @@ class Health(Out):
 _TEXT = {400: "a value outside its limits (`invalid_<field>`)", 401: "missing, wrong, revoked or expired API key "
          "(`unauthorized`), or too many wrong keys from this address (`auth_throttled`, with Retry-After)",
          403: "refused: `plan_limit` (the account's plan; names `limit` and `upgrade`), `admin_only`, "
-         "`protected_key`, or in the sandbox (`permission_denied`, `protected_path`)", 404: "unknown sandbox, job, "
-         "snapshot or path", 409: "the sandbox's state does not allow it now (`busy`, `not_running`, ...)",
+         "`protected_key`, `protected_account`, `account_suspended` (the account's keys and starts), or in the "
+         "sandbox (`permission_denied`, `protected_path`)", 404: "unknown sandbox, job, snapshot or path",
+         409: "the sandbox's state does not allow it now (`busy`, `not_running`, ...), or the account's "
+         "(`account_deleted`, `account_busy`)",
          413: "request body over the server's limit", 429: "too many requests for this key (`rate_limited`); see "
          "Retry-After",
          422: "not the right shape: invalid JSON, a missing field, a wrong type or an unknown field",

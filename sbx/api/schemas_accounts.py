@@ -11,10 +11,15 @@ from sbx.api.schemas import Figures, Out
 
 
 class Account(Out):
+    """An account; ``state``: ``active``, ``suspended`` (keys refused with 403 ``account_suspended``), ``deleting``
+    or ``deleted`` (keys gone, 401); ``stateChangedAt`` when it last changed (null until then)."""
+
     id: str
     name: str
     plan: str
     createdAt: str
+    state: Literal["active", "suspended", "deleting", "deleted"] = "active"
+    stateChangedAt: str | None = None
 
 
 class ApiKey(Out):
@@ -42,6 +47,14 @@ class AccountCreated(Out):
 
 class AccountOut(Out):
     account: Account
+
+
+class AccountEnded(Out):
+    """The answer of a suspend (``sandboxes``: those being stopped, with memory) or a delete (those being
+    deleted; the account is ``deleting`` until the last is gone, then ``deleted``)."""
+
+    account: Account
+    sandboxes: list[str]
 
 
 class KeyOut(Out):

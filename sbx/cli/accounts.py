@@ -1,6 +1,7 @@
 """Verbs for accounts, API keys, plans and usage (issue 12)::
 
     sbx admin account create NAME [--plan P] | account list | account set-plan ACCOUNT PLAN    (admin key)
+    sbx admin account suspend ACCOUNT | account resume ACCOUNT | account delete ACCOUNT [--yes] [--no-wait]
     sbx admin key create ACCOUNT [--name N] [--expires-in S] | key list ACCOUNT | key revoke KEY
     sbx plan [--json]
     sbx usage [--from DATE] [--to DATE] [--by sandbox|size|day] [--json]
@@ -20,7 +21,8 @@ from sbx.sdk import accounts as A
 
 admin_app = typer.Typer(help="Accounts and API keys of this installation (needs the admin key).",
                         no_args_is_help=True)
-account_app = typer.Typer(help="Accounts: create, list, change plan.", no_args_is_help=True)
+account_app = typer.Typer(help="Accounts: create, list, change plan, suspend, resume, delete.",
+                          no_args_is_help=True)
 key_app = typer.Typer(help="API keys: create (shown once), list, revoke.", no_args_is_help=True)
 admin_app.add_typer(account_app, name="account")
 admin_app.add_typer(key_app, name="key")
@@ -62,7 +64,69 @@ def account_list(json_: bool = JSON_OPT) -> None:
     if json_:
         print_json({"accounts": rows})
         return
-    print_table(("ID", "NAME", "PLAN", "CREATED"), [(a["id"], a["name"], a["plan"], a["createdAt"]) for a in rows])
+    print_table(("ID", "NAME", "PLAN", "STATE", "CREATED"),
+                [(a["id"], a["name"], a["plan"], a.get("state", "active"), a["createdAt"]) for a in rows])
+
+
+@account_app.command("suspend")
+@handle_errors
+def account_suspend(account_id: str = typer.Argument(..., help="Account id (acct_...)."),
+                    json_: bool = JSON_OPT) -> None:
+    """Suspend an account: its keys answer 403 account_suspended, its running sandboxes stop with memory."""
+    with client() as c:
+        out = c.run(A.suspend_account(account_id))
+    if json_:
+        print_json(out)
+        return
+    acct, ids = out["account"], out["sandboxes"]
+    err.print(f"{acct['id']} ({acct['name']}) suspended; stopping {len(ids)} sandboxes with memory"
+              + (f": {', '.join(ids)}" if ids else ""), markup=False)
+
+
+@account_app.command("resume")
+@handle_errors
+def account_resume(account_id: str = typer.Argument(..., help="Account id (acct_...)."),
+                   json_: bool = JSON_OPT) -> None:
+    """Lift a suspension: the account's keys work again (its sandboxes stay stopped until resumed)."""
+    with client() as c:
+        acct = c.run(A.resume_account(account_id))
+    if json_:
+        print_json({"account": acct})
+        return
+    err.print(f"{acct['id']} ({acct['name']}) is {acct['state']}", markup=False)
+
+
+DELETE_WAIT = 900.0
+"""Seconds ``account delete`` waits for the deletion to finish (``--no-wait``: none)."""
+
+
+@account_app.command("delete")
+@handle_errors
+def account_delete(account_id: str = typer.Argument(..., help="Account id (acct_...)."),
+                   yes: bool = typer.Option(False, "--yes", "-y", help="Don't ask for confirmation."),
+                   wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until it is deleted."),
+                   json_: bool = JSON_OPT) -> None:
+    """Delete an account with its sandboxes, snapshots, secrets, hosted ports and keys (its usage stays)."""
+    import time
+
+    if not yes and not typer.confirm(f"delete account {account_id} and everything it has?"):
+        raise typer.Exit(1)
+    with client() as c:
+        out = c.run(A.delete_account(account_id))
+        acct = out["account"]
+        deadline = time.monotonic() + DELETE_WAIT
+        while wait and acct["state"] != "deleted" and time.monotonic() < deadline:
+            time.sleep(1.0)
+            acct = c.run(A.account(account_id))["account"]
+    if json_:
+        print_json({"account": acct, "sandboxes": out["sandboxes"]})
+        return
+    err.print(f"{acct['id']} ({acct['name']}) {acct['state']}; {len(out['sandboxes'])} sandboxes removed"
+              if acct["state"] == "deleted" else
+              f"{acct['id']} ({acct['name']}) {acct['state']}: removing {len(out['sandboxes'])} sandboxes",
+              markup=False)
+    if wait and acct["state"] != "deleted":
+        raise typer.Exit(1)
 
 
 @account_app.command("set-plan")

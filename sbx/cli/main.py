@@ -11,7 +11,7 @@ Verbs::
     sbx fork ID [--type T] [--ttl S] [--name N] [--wait] [--json]
     sbx snapshot ID NAME | snapshots [ID] | snapshot-delete NAME
     sbx plan | usage [--from D] [--to D] [--by sandbox|size|day]
-    sbx admin account create|list|set-plan | admin key create|list|revoke
+    sbx admin account create|list|set-plan|suspend|resume|delete | admin key create|list|revoke
     sbx secret set NAME --host H [--header 'Authorization: Bearer {secret}'] < value | list | rm | log | bind | unbind
     sbx new|fork ... --secret NAME
     sbx server | setup | doctor

@@ -23,8 +23,9 @@ The control plane is split by mechanism; :class:`ControlPlane` combines the part
 - :mod:`sbx.control.sandboxes.migrating`: live migration of a running sandbox to another node;
 - :mod:`sbx.control.sandboxes.snapshotting`: named and automatic snapshots;
 - :mod:`sbx.control.sandboxes.execjobs`: execs and detached jobs;
-- collaborators that take the plane as a narrow protocol of their own, made here: routes, files and secrets
-  (:mod:`sbx.control.sandboxes.routes`, :mod:`sbx.control.sandboxes.files`, :mod:`sbx.control.secrets.vault`),
+- collaborators that take the plane as a narrow protocol of their own, made here: routes, files, secrets and
+  accounts that end (:mod:`sbx.control.sandboxes.routes`, :mod:`sbx.control.sandboxes.files`,
+  :mod:`sbx.control.secrets.vault`, :mod:`sbx.control.sandboxes.accountend`),
   node drains (:mod:`sbx.control.cluster.drain`) and the sweep of operations a dead replica left in flight
   (:mod:`sbx.control.cluster.orphans`);
 - this module: start (reconcile with the node), settling a row after a crash, sandboxes that ended on their
@@ -43,6 +44,7 @@ from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.drain import Drains
 from sbx.control.cluster.orphans import OrphanSweeper
 from sbx.control.errors import ControlError
+from sbx.control.sandboxes.accountend import AccountEnds
 from sbx.control.sandboxes.activity import Activity
 from sbx.control.sandboxes.execjobs import DEFAULT_EXEC_TIMEOUT, ExecOps
 from sbx.control.sandboxes.files import Files
@@ -88,6 +90,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         self.routes = Routes(self)
         self.files = Files(self)
         self.secrets = Secrets(self)
+        self.account_ends = AccountEnds(self)
 
     @functools.cached_property
     def drains(self) -> Drains:
@@ -130,6 +133,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         self.sampler.start()
         self.orphans.start()
         self.drains.resume_orphans()  # a drain the last server (or a dead replica) did not finish goes on here
+        self.account_ends.finish_pending()  # an account deletion cut short goes on; suspended ones stay stopped
 
     def settle(self, row: SandboxRow, status: str) -> None:
         """Make ``row`` agree with ``status``, what the node reports for it (``running``, ``checkpointed``,
@@ -239,6 +243,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         if self._closed:
             return
         self._closed = True
+        self.account_ends.close()
         self.node.unwatch()
         self.orphans.stop()
         self.drains.close()

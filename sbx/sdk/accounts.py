@@ -36,6 +36,25 @@ def set_plan(account_id: str, plan: str) -> Call:
     return dict(resp.body["account"])
 
 
+def suspend_account(account_id: str) -> Call:
+    """``POST /v1/accounts/{id}/suspend`` (admin key); returns ``{"account", "sandboxes"}`` (those being stopped)."""
+    resp = yield Request("POST", f"/v1/accounts/{account_id}/suspend")
+    return dict(resp.body)
+
+
+def resume_account(account_id: str) -> Call:
+    """``POST /v1/accounts/{id}/resume`` (admin key); returns the account dict (``state`` ``active``)."""
+    resp = yield Request("POST", f"/v1/accounts/{account_id}/resume")
+    return dict(resp.body["account"])
+
+
+def delete_account(account_id: str) -> Call:
+    """``DELETE /v1/accounts/{id}`` (admin key); returns ``{"account", "sandboxes"}`` (the account ``deleting``,
+    the sandboxes being deleted); poll :func:`account` until its ``state`` is ``deleted``."""
+    resp = yield Request("DELETE", f"/v1/accounts/{account_id}")
+    return dict(resp.body)
+
+
 def create_key(account_id: str, name: str = "default", expires_in: int | None = None) -> Call:
     """``POST /v1/accounts/{id}/keys``; returns the key dict with its ``token`` (shown once)."""
     resp = yield Request("POST", f"/v1/accounts/{account_id}/keys", _clean({"name": name, "expiresIn": expires_in}))

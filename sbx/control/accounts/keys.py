@@ -10,6 +10,12 @@ config on the first start. It belongs to the first account, ``acct_default`` (pl
 0005), and may see and act on every account's resources and manage accounts and keys. It cannot be revoked
 through the API.
 
+An account ends (issue 36) through ``state``: ``active``; ``suspended`` (its keys answer 403
+``account_suspended``, its sandboxes may not start: :meth:`Accounts.require_active`; ``resume`` lifts it);
+``deleting`` then ``deleted`` (its keys are removed at once and answer 401; its row stays, so its usage records
+keep a name in the admin's report). What happens to its sandboxes is :mod:`sbx.control.sandboxes.accountend`. The
+first account, :data:`DEFAULT_ACCOUNT`, can be neither suspended nor deleted (403 ``protected_account``).
+
 The request's identity is a :class:`Principal` (account id, key id, admin flag); the API's auth dependency yields
 it (:func:`sbx.api.auth.principal`).
 """
@@ -23,7 +29,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, String, select
+from sqlalchemy import Boolean, DateTime, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sbx.control.errors import ControlError, not_found
@@ -34,10 +40,14 @@ DEFAULT_ACCOUNT = "acct_default"
 """The installation's first account (migration 0005); the admin key and rows from before accounts belong to it."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 KEY_EXPIRY_MAX = 10 * 365 * 86400
+ACCOUNT_STATES = ("active", "suspended", "deleting", "deleted")
+"""``accounts.state`` (migration 0013): see the module docstring."""
+ENDED = frozenset({"deleting", "deleted"})
 
 
 class AccountRow(Base):
-    """An account: ``id`` (``acct_...``), unique ``name``, ``plan`` name."""
+    """An account: ``id`` (``acct_...``), unique ``name``, ``plan`` name, ``state`` (:data:`ACCOUNT_STATES`) and
+    ``state_changed_at`` (None until its first suspend or delete)."""
 
     __tablename__ = "accounts"
 
@@ -45,6 +55,8 @@ class AccountRow(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     plan: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    state_changed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class ApiKeyRow(Base):
@@ -83,6 +95,17 @@ class Principal:
         return None if self.admin else self.account_id
 
 
+def suspended(account_id: str) -> ControlError:
+    """403 ``account_suspended``: the account's keys and starts are refused until an admin resumes it."""
+    return ControlError("account_suspended", f"account {account_id} is suspended: its API keys and sandboxes are "
+                        "refused until the installation's admin resumes it (sbx admin account resume)", 403)
+
+
+def deleted(account_id: str, state: str) -> ControlError:
+    """409 ``account_deleted``: the account is being deleted or deleted (``state``)."""
+    return ControlError("account_deleted", f"account {account_id} is {state}", 409)
+
+
 def digest(token: str) -> str:
     """sha256 hex of a key's token: what the database keeps."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -94,8 +117,9 @@ def new_token() -> str:
 
 
 def account_view(row: AccountRow) -> dict[str, Any]:
-    """API shape: ``{id, name, plan, createdAt}``."""
-    return {"id": row.id, "name": row.name, "plan": row.plan, "createdAt": iso(row.created_at)}
+    """API shape: ``{id, name, plan, createdAt, state, stateChangedAt}``."""
+    return {"id": row.id, "name": row.name, "plan": row.plan, "createdAt": iso(row.created_at),
+            "state": row.state or "active", "stateChangedAt": iso(row.state_changed_at)}
 
 
 def key_view(row: ApiKeyRow, token: str | None = None) -> dict[str, Any]:
@@ -127,13 +151,21 @@ class Accounts:
                                 created_at=utcnow()))
 
     def authenticate(self, token: str) -> Principal | None:
-        """The principal of ``token``, or None when it is no key, revoked or expired."""
+        """The principal of ``token``, or None when it is no key, revoked or expired, or its account is being
+        deleted or deleted. Raises 403 ``account_suspended`` for a key of a suspended account."""
         with self.store.session() as s:
-            key = s.scalar(select(ApiKeyRow).where(ApiKeyRow.secret_sha256 == digest(token)))
-        if key is None or key.revoked_at is not None:
+            found = s.execute(select(ApiKeyRow, AccountRow.state).join(
+                AccountRow, AccountRow.id == ApiKeyRow.account_id, isouter=True).where(
+                ApiKeyRow.secret_sha256 == digest(token))).first()
+        if found is None:
+            return None
+        key, state = found
+        if key.revoked_at is not None or state in ENDED:
             return None
         if key.expires_at is not None and as_utc(key.expires_at) <= utcnow():
             return None
+        if state == "suspended":
+            raise suspended(key.account_id)
         return Principal(key.account_id, key.id, bool(key.admin))
 
     # accounts ----------------------------------------------------------------------------------------------------
@@ -172,6 +204,45 @@ class Accounts:
         with self.store.session() as s:
             return list(s.scalars(select(AccountRow).order_by(AccountRow.created_at)))
 
+    def require_active(self, account_id: str) -> AccountRow:
+        """The account, when it may start sandboxes. Raises 403 ``account_suspended``, 409 ``account_deleted``
+        (deleting or deleted), 404."""
+        row = self.get_account(account_id)
+        if row.state == "suspended":
+            raise suspended(account_id)
+        if row.state in ENDED:
+            raise deleted(account_id, row.state)
+        return row
+
+    def set_state(self, account_id: str, state: str, allowed_from: tuple[str, ...]) -> tuple[AccountRow, str]:
+        """Move the account to ``state`` when it is in one of ``allowed_from`` (or already there: nothing
+        changes); returns ``(row, the state it was in)``. Entering ``deleting`` removes its keys in the same
+        transaction, so they answer 401 from then on. Raises 404, 403 ``protected_account`` (the first account),
+        409 ``account_deleted`` (from another state)."""
+        if state not in ACCOUNT_STATES:
+            raise ValueError(state)
+        if account_id == DEFAULT_ACCOUNT:
+            raise ControlError("protected_account", "the installation's first account (the admin key's) cannot be "
+                               "suspended or deleted", 403)
+        with self.store.session() as s, s.begin():
+            row = s.get(AccountRow, account_id)
+            if row is None:
+                raise not_found(f"account {account_id}")
+            old = row.state or "active"
+            if old != state:
+                if old not in allowed_from:
+                    raise deleted(account_id, old)
+                row.state, row.state_changed_at = state, utcnow()
+            if state == "deleting":
+                s.execute(delete(ApiKeyRow).where(ApiKeyRow.account_id == account_id))
+        return row, old
+
+    def list_in_state(self, state: str) -> list[AccountRow]:
+        """Accounts in ``state``, oldest first (at start: deletions a killed server did not finish)."""
+        with self.store.session() as s:
+            return list(s.scalars(select(AccountRow).where(AccountRow.state == state)
+                                  .order_by(AccountRow.created_at)))
+
     def set_plan(self, account_id: str, plan: str) -> AccountRow:
         """Move the account to ``plan``. Raises 400 ``invalid_plan``, 404."""
         self._check_plan(plan)
@@ -191,7 +262,8 @@ class Accounts:
         if expires_in is not None and not 1 <= expires_in <= KEY_EXPIRY_MAX:
             raise ControlError("invalid_expires_in", f"expiresIn is 1-{KEY_EXPIRY_MAX} seconds", 400,
                                field="expiresIn")
-        self.get_account(account_id)
+        if self.get_account(account_id).state in ENDED:
+            raise deleted(account_id, "deleted")
         token = new_token()
         now = utcnow()
         row = ApiKeyRow(id=new_id("key_"), account_id=account_id, name=name, secret_sha256=digest(token),

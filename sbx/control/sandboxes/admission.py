@@ -91,9 +91,11 @@ class Admission:
 
     def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None) -> None:
         """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``) with 403 ``plan_limit``
-        when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`); else count the start. The
-        caller holds ``self.lifecycle.cond``, so two starts never both pass the last free place."""
-        account = self.accounts.get_account(account_id)
+        when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`), 403 ``account_suspended``
+        / 409 ``account_deleted`` when the account has ended (:meth:`Accounts.require_active`); else count the start.
+        The caller holds ``self.lifecycle.cond``, so two starts never both pass the last free place (nor one an
+        account's suspension, which takes it too: :mod:`sbx.control.sandboxes.accountend`)."""
+        account = self.accounts.require_active(account_id)
         plan = self.plans.get(account.plan) or self.plans["trial"]
         busy = {"provisioning", "running", "resuming", "migrating", "forking"}
         running = sum(1 for r in self.store.list_sandboxes(account_id=account_id)

@@ -21,6 +21,7 @@ from sqlalchemy import Boolean, DateTime, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sbx.config import Settings
+from sbx.control.accounts.keys import ENDED, AccountRow
 from sbx.control.errors import ControlError, not_found
 from sbx.control.store.database import Base, SandboxRow, Store, iso, utcnow
 from sbx.control.store.state import TRANSIENT, Lifecycle
@@ -157,7 +158,8 @@ class Routes:
             s.execute(delete(RouteRow).where(RouteRow.sandbox_id == sandbox_id))
 
     def resolve(self, host: str) -> Resolved | None:
-        """The live sandbox and route a ``Host`` header names, or None."""
+        """The live sandbox and route a ``Host`` header names, or None (also when the sandbox's account is being
+        deleted or deleted: :meth:`account_ended` tells that case apart)."""
         parsed = parse_host(host, self.control.settings.domain)
         if parsed is None:
             return None
@@ -166,8 +168,22 @@ class Routes:
             sb = s.scalar(select(SandboxRow).where(SandboxRow.subdomain == subdomain))
             if sb is None or sb.state == "deleted":
                 return None
+            account = s.get(AccountRow, sb.account_id)
+            if account is not None and account.state in ENDED:
+                return None
             route = s.get(RouteRow, (sb.id, port))
             return None if route is None else Resolved(sb, route)
+
+    def account_ended(self, host: str) -> bool:
+        """Whether ``host`` names a sandbox of an account being deleted or deleted (issue 36): the proxy answers
+        401 there, as for any token that no longer opens anything, where an unknown host is 404."""
+        parsed = parse_host(host, self.control.settings.domain)
+        if parsed is None:
+            return False
+        with self.store.session() as s:
+            sb = s.scalar(select(SandboxRow).where(SandboxRow.subdomain == parsed[1]))
+            account = s.get(AccountRow, sb.account_id) if sb is not None else None
+            return account is not None and account.state in ENDED
 
     def ensure_running(self, sandbox_id: str) -> SandboxRow:
         """Make sure the sandbox runs before a proxied request is passed on: wait for one that is starting or
