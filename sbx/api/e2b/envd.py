@@ -17,7 +17,8 @@ Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
   "type":"file"}]``.
 - Connect RPCs (:mod:`sbx.api.e2b.connect`, JSON codec): ``process.Process/`` ``Start`` and ``Connect`` (server
   streams), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin`` (:mod:`sbx.api.e2b.procs`);
-  ``filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`).
+  ``filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`),
+  ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (:mod:`sbx.api.e2b.watch`).
   Other methods answer ``unimplemented``.
 
 A sandbox that is unknown, deleted, or stopped (E2B: paused) without ``autoResume`` gets E2B's edge answer: 502
@@ -53,6 +54,7 @@ from sbx.api.e2b.connect import (
     unary_error,
 )
 from sbx.api.e2b.tokens import access_token
+from sbx.api.e2b.watch import Watchers
 from sbx.control.errors import ControlError
 
 if TYPE_CHECKING:
@@ -74,7 +76,8 @@ STREAMS = {"process.Process/Start", "process.Process/Connect"}
 UNARY = {"process.Process/List", "process.Process/SendSignal", "process.Process/SendInput",
          "process.Process/CloseStdin", "filesystem.Filesystem/Stat",
          "filesystem.Filesystem/ListDir", "filesystem.Filesystem/MakeDir", "filesystem.Filesystem/Move",
-         "filesystem.Filesystem/Remove"}
+         "filesystem.Filesystem/Remove", "filesystem.Filesystem/CreateWatcher",
+         "filesystem.Filesystem/GetWatcherEvents", "filesystem.Filesystem/RemoveWatcher"}
 
 
 def not_found_502(sandbox_id: str) -> JSONResponse:
@@ -108,6 +111,7 @@ class Envd:
     def __init__(self, cp: ControlPlane, secret: bytes):
         self.cp = cp
         self.secret = secret
+        self.watchers = Watchers()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request named by its ``E2b-Sandbox-Id`` header (see the module's doc)."""
@@ -128,6 +132,8 @@ class Envd:
         row = self.cp.store.get_sandbox(sid) if sid else None
         if row is None or row.state in ("deleted", "deleting", "error") or (
                 row.state in ("stopped", "stopping") and not row.auto_resume):
+            if row is None or row.state in ("deleted", "deleting"):
+                self.watchers.forget(sid)
             return sid, not_found_502(sid)
         if port != str(ENVD_PORT):
             return sid, JSONResponse({"sandboxId": sid, "message": f"port {port[:8]} of a sandbox is not reachable "
@@ -245,6 +251,12 @@ class Envd:
             return fs.list_dir(self.cp, sid, m.get("path"), m.get("depth"), user)  # type: ignore[arg-type]
         if method == "filesystem.Filesystem/MakeDir":
             return fs.make_dir(self.cp, sid, m.get("path"), user)  # type: ignore[arg-type]
+        if method == "filesystem.Filesystem/CreateWatcher":
+            return self.watchers.create(self.cp, sid, m, user)
+        if method == "filesystem.Filesystem/GetWatcherEvents":
+            return self.watchers.events(self.cp, sid, m)
+        if method == "filesystem.Filesystem/RemoveWatcher":
+            return self.watchers.remove(sid, m)
         if method == "filesystem.Filesystem/Move":
             return fs.move(self.cp, sid, m.get("source"), m.get("destination"), user)  # type: ignore[arg-type]
         return fs.remove(self.cp, sid, m.get("path"), user)  # type: ignore[arg-type]
@@ -344,6 +356,8 @@ class Envd:
             user = self._files_user(request)
             path = request.query_params.get("path")
             ctype = request.headers.get("content-type", "")
+            if any(k.lower().startswith("x-metadata-") for k in request.headers):
+                raise FilesError(400, "file metadata (X-Metadata-* headers) is not supported by sbx yet")
             if ctype.lower().startswith("application/octet-stream"):
                 if not path:
                     raise FilesError(400, "path is required for an application/octet-stream upload")

@@ -317,3 +317,33 @@ def test_signed_file_urls_need_no_header(spawn_api: Api, tmp_path: Path) -> None
     r = api.c.post("/files", params=sign(target, "write"), files={"file": ("x", b"again")})
     assert r.status_code == 200 and (tmp_path / "signed.txt").read_bytes() == b"again"
     assert sid
+
+
+def test_watchers_report_what_changed_between_polls(api: Api, tmp_path: Path) -> None:
+    _sid, hdr = sandbox(api)
+    d = tmp_path / "w"
+    (d / "sub").mkdir(parents=True)
+    (d / "keep.txt").write_text("a")
+    (d / "gone.txt").write_text("b")
+
+    def call(method: str, **body: Any) -> Any:
+        r = api.c.post(f"/filesystem.Filesystem/{method}", json=body, headers=hdr)
+        return r.json()
+
+    wid = call("CreateWatcher", path=str(d), recursive=True, includeEntry=True)["watcherId"]
+    assert call("GetWatcherEvents", watcherId=wid) == {"events": []}
+    (d / "keep.txt").write_text("changed")
+    (d / "gone.txt").unlink()
+    (d / "sub" / "new.txt").write_text("new")
+    events = call("GetWatcherEvents", watcherId=wid)["events"]
+    assert [(e["name"], e["type"]) for e in events] == [
+        ("gone.txt", "EVENT_TYPE_REMOVE"), ("keep.txt", "EVENT_TYPE_WRITE"), ("sub/new.txt", "EVENT_TYPE_CREATE"),
+        ("sub/new.txt", "EVENT_TYPE_WRITE"), ("sub/new.txt", "EVENT_TYPE_CHMOD")]
+    assert events[1]["entry"]["path"] == str(d / "keep.txt") and "entry" not in events[0]
+    assert call("RemoveWatcher", watcherId=wid) == {}
+    assert call("GetWatcherEvents", watcherId=wid)["code"] == "not_found"
+    assert call("CreateWatcher", path=str(tmp_path / "absent"))["code"] == "not_found"
+    assert call("CreateWatcher", path=str(d / "keep.txt"))["code"] == "invalid_argument"
+    flat = call("CreateWatcher", path=str(d))["watcherId"]
+    (d / "sub" / "deeper.txt").write_text("x")
+    assert call("GetWatcherEvents", watcherId=flat) == {"events": []}  # not recursive: sub's files unseen

@@ -26,7 +26,7 @@ def test_create_answers_201_with_a_running_sandbox_and_its_access_token(api: Api
     made = create(api, timeout=120, metadata={"team": "ml"}, envVars={"FOO": "bar"},
                   autoResume={"enabled": True})
     sid = made["sandboxID"]
-    assert made["templateID"] == "small" and made["clientID"] and made["envdVersion"] == "0.5.7"
+    assert made["templateID"] == "small" and made["clientID"] and made["envdVersion"] == "0.6.4"
     secret = (api.control.settings.state_dir / "e2b-secret").read_bytes().strip()
     assert made["envdAccessToken"] == access_token(secret, sid)
     row = api.control.get(sid)
