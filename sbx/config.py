@@ -176,6 +176,11 @@ class Settings:
     stopped
     sandbox's disk and memory image to a second node, so it can resume there when its own node is gone (also
     right after each stop). 0 = off."""
+    metrics_token: str = ""
+    """When set, ``GET /metrics`` (server and node agent) answers only ``Authorization: Bearer <it>``; empty (the
+    default): it answers anyone who reaches the port (its series are aggregates: :mod:`sbx.metrics`)."""
+    log_format: str = "text"
+    """``text`` (the default) or ``json``: one JSON object per log line (:mod:`sbx.logs`)."""
     drain_parallel: int = 2
     """Sandboxes a drain (``sbx node drain``, consolidation: :mod:`sbx.control.cluster.drain`) moves at once."""
     consolidate_seconds: float = 300.0
@@ -273,6 +278,8 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_NODE_UNREACHABLE_SECONDS": ("node_unreachable_seconds", float),
     "SBX_STATS_SAMPLE_SECONDS": ("stats_sample_seconds", float),
     "SBX_DRAIN_PARALLEL": ("drain_parallel", int),
+    "SBX_METRICS_TOKEN": ("metrics_token", str),
+    "SBX_LOG_FORMAT": ("log_format", str),
     "SBX_CONSOLIDATE_SECONDS": ("consolidate_seconds", float),
     "SBX_REPLICATE_SECONDS": ("replicate_seconds", float),
     "SBX_CONSOLIDATE_LIGHT_FRACTION": ("consolidate_light_fraction", float),

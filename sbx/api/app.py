@@ -10,6 +10,7 @@ exec's command is killed).
 Endpoints::
 
     GET    /healthz                                    liveness, no auth
+    GET    /metrics                                    Prometheus metrics     see sbx.api.observe
     POST   /v1/sandboxes                               create                 202 {"sandbox"}
     HEAD   /healthz                                    liveness, no body
     GET    /v1/sandboxes[?label=k=v]                   list (label filters)   200 {"sandboxes": [...]}
@@ -61,7 +62,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import account_routes, console, errors, nodes_api, sandbox_io, secrets_api
+from sbx.api import account_routes, console, errors, nodes_api, observe, sandbox_io, secrets_api
 from sbx.api import schemas as S
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.e2b.mount import mount as mount_e2b
@@ -401,4 +402,5 @@ def create_app(
     console.register(app)
     app.include_router(v1)
     mount_e2b(app, cp, app.state.gate)  # E2B's SDK: REST under /e2b, envd by its E2b-Sandbox-Id header
+    observe.register(app, cp, settings)  # GET /metrics, X-Request-Id (issue 35)
     return app

@@ -87,11 +87,14 @@ def server(
     host: str = typer.Option(None, "--host", help="Listen address (default from settings: 127.0.0.1)."),
     port: int = typer.Option(None, "--port", help="Listen port (default from settings: 7070)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    log_format: str = typer.Option(None, "--log-format", help="text (default) or json: one JSON object per line "
+                                   "with the sandbox and request ids (default from SBX_LOG_FORMAT)."),
 ) -> None:
     """Run the sbx server: HTTP API, hosted-port proxy, control plane and this machine's node, in one process
     (SIGTERM stops it). With ``SBX_NODE_URL`` (and ``SBX_NODE_TOKEN``) the node is that node agent instead."""
     import uvicorn
 
+    from sbx import logs
     from sbx.api.app import create_app
     from sbx.api.auth import ensure_token
     from sbx.node.agent import LocalNode  # the real node: imported only here
@@ -101,8 +104,13 @@ def server(
         overrides["host"] = host
     if port:
         overrides["port"] = port
+    if log_format:
+        overrides["log_format"] = log_format
     settings = load_settings(**overrides)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.configure(log_level, settings.log_format)
+    except ValueError as e:
+        raise fail("invalid_log_format", str(e)) from None
     logging.getLogger("alembic").setLevel(logging.WARNING)
     token = ensure_token(settings)
     write_client_config(settings, token)
@@ -123,6 +131,7 @@ def server(
     err.print(f"sbx server on {settings.api_url}, hosted ports on {settings.host}:{settings.proxy_port} "
               f"(client config: {config_path()})", markup=False)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
+                            log_config=logs.uvicorn_log_config(settings.log_format),
                             timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5)
     _uvicorn_server(config, on_exit=lambda: _begin_shutdown(app)).run()
     if node.cleanup_host():

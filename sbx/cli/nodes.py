@@ -13,13 +13,12 @@ ID
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import typer
 
 from sbx.cli.admin import SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
-from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, print_json, print_table, spinner
+from sbx.cli.common import JSON_OPT, client, err, fail, handle_errors, out, print_json, print_table, spinner
 from sbx.config import load_settings
 from sbx.sdk import nodes as N
 from sbx.sdk import protocol as P
@@ -32,10 +31,13 @@ def serve(
     host: str = typer.Option(None, "--host", help="Listen address (default from settings: 127.0.0.1)."),
     port: int = typer.Option(None, "--port", help="Listen port (default from settings: 7700)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    log_format: str = typer.Option(None, "--log-format", help="text (default) or json: one JSON object per line "
+                                   "with the sandbox and request ids (default from SBX_LOG_FORMAT)."),
 ) -> None:
     """Run this host's node agent with its HTTP API for servers (SIGTERM stops it; sandboxes keep running)."""
     import uvicorn
 
+    from sbx import logs
     from sbx.node.agent import LocalNode  # the real node: imported only here
     from sbx.node.remote.server import create_node_app
     from sbx.node.remote.wire import ensure_node_token, node_token_path
@@ -45,8 +47,13 @@ def serve(
         overrides["node_host"] = host
     if port:
         overrides["node_port"] = port
+    if log_format:
+        overrides["log_format"] = log_format
     settings = load_settings(**overrides)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.configure(log_level, settings.log_format)
+    except ValueError as e:
+        raise fail("invalid_log_format", str(e)) from None
     token = ensure_node_token(settings)
     node = LocalNode(settings)
     try:
@@ -57,11 +64,13 @@ def serve(
     except Exception as e:  # host checks, volume, image, network: report, don't trace
         raise _host_failure(e) from None
     # the port relay listens next to the node API (node_port + 1): the servers' proxies reach hosted ports there
-    app_ = create_node_app(node, token, settings.node_name, relay=(settings.node_host, settings.node_port + 1))
+    app_ = create_node_app(node, token, settings.node_name, relay=(settings.node_host, settings.node_port + 1),
+                           metrics_token=settings.metrics_token)
     where = "SBX_NODE_TOKEN" if settings.node_token else str(node_token_path(settings.state_dir))
     err.print(f"sbx node {settings.node_name} on http://{settings.node_host}:{settings.node_port} "
               f"(node token: {where})", markup=False)
     config = uvicorn.Config(app_, host=settings.node_host, port=settings.node_port, log_level=log_level,
+                            log_config=logs.uvicorn_log_config(settings.log_format),
                             lifespan="on", timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5,
                             access_log=False)
     _uvicorn_server(config, on_exit=lambda: node.begin_shutdown(SHUTDOWN_GRACE)).run()

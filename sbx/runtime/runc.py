@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from sbx import metrics
 from sbx.runtime import kdat
 from sbx.runtime.base import ContainerState, RuntimeError_
 from sbx.runtime.criu import log_tail
@@ -138,6 +139,7 @@ class RuncRuntime:
             image_dir.chmod(0o750)
         work_dir.mkdir(mode=0o700, parents=True)
         kdat.ensure(str(self.criu))
+        t0 = time.monotonic()
         try:
             self._run("checkpoint", self.cmd("--criu", str(self.criu), "checkpoint", "--image-path", str(image_dir),
                                              "--work-path", str(work_dir), "--empty-ns", "network",
@@ -145,7 +147,10 @@ class RuncRuntime:
                                              *(["--page-server", page_server] if page_server else []), cid),
                       timeout=600, env=self._criu_env())
         except RuntimeError_ as e:
+            metrics.CRIU_FAILURES.labels(kind="dump").inc()
             raise RuntimeError_("checkpoint", f"{e.detail}\n{log_tail(work_dir, 'dump.log')}") from e
+        finally:
+            metrics.CRIU_SECONDS.labels(kind="dump").observe(time.monotonic() - t0)
 
     def pause(self, cid: str, retries: int = 4) -> None:
         """Freeze every process of the container (``runc pause``: the cgroup freezer). Raises :class:`RuntimeError_`.
@@ -176,12 +181,16 @@ class RuncRuntime:
         remove_tree(work_dir)
         work_dir.mkdir(mode=0o700, parents=True)
         kdat.ensure(str(self.criu))
+        t0 = time.monotonic()
         try:
             self._run("restore", self.cmd("--criu", str(self.criu), "restore", "-d", "--image-path", str(image_dir),
                                           "--work-path", str(work_dir), "--bundle", str(bundle), cid),
                       timeout=timeout, env=self._criu_env())
         except RuntimeError_ as e:
+            metrics.CRIU_FAILURES.labels(kind="restore").inc()
             raise RuntimeError_("restore", f"{e.detail}\n{log_tail(work_dir, 'restore.log')}") from e
+        finally:
+            metrics.CRIU_SECONDS.labels(kind="restore").observe(time.monotonic() - t0)
 
     def _state(self, cid: str) -> dict | None:
         p = subprocess.run(self.cmd("state", cid), capture_output=True, text=True, stdin=subprocess.DEVNULL)

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sbx import metrics
 from sbx.config import Settings, Size
 from sbx.control.accounts import plans
 from sbx.control.accounts.keys import Accounts
@@ -71,25 +72,30 @@ class Admission:
         with self.lifecycle.cond:
             self.moving_to.pop(sandbox_id, None)
 
-    def _place(self, size: Size, what: str, only: str | None = None, among: set[str] | None = None) -> str:
+    def _place(self, size: Size, what: str, only: str | None = None, among: set[str] | None = None,
+               count: bool = True) -> str:
         """The node a new sandbox or fork (``what`` at ``size``) goes to (:func:`sbx.control.cluster.placement.choose`);
         with ``among`` only one of those nodes (for one that is to get secrets:
         :meth:`sbx.control.cluster.router.NodeRouter.egress_nodes`). ``507 insufficient_capacity`` when none may take
         it, ``409 egress_proxy_unavailable`` when ``among`` is empty. The caller holds ``self.lifecycle.cond`` and
-        writes the new row (with this node) before releasing it."""
+        writes the new row (with this node) before releasing it. ``count``: a refusal counts in
+        ``sbx_admission_refusals_total`` (False for a first look that the operation repeats)."""
         cands = self._candidates()
-        if among is not None:
-            cands = [c for c in cands if c.name in among]
-            if not cands:
-                raise ControlError("egress_proxy_unavailable", f"no node runs an egress proxy for {what}, so its "
-                                   "secrets can't be bound", 409)
         try:
+            if among is not None:
+                cands = [c for c in cands if c.name in among]
+                if not cands:
+                    raise ControlError("egress_proxy_unavailable", f"no node runs an egress proxy for {what}, so "
+                                       "its secrets can't be bound", 409)
             return placement.choose(cands, self.settings, size, what, only=only)
         except ControlError as err:
             log.info("refused %s: %s", what, err.message)
+            if count:
+                refused(err)
             raise
 
-    def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None) -> None:
+    def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None,
+                    count: bool = True) -> None:
         """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``) with 403 ``plan_limit``
         when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`), 403 ``account_suspended``
         / 409 ``account_deleted`` when the account has ended (:meth:`Accounts.require_active`); else count the start.
@@ -100,7 +106,12 @@ class Admission:
         busy = {"provisioning", "running", "resuming", "migrating", "forking"}
         running = sum(1 for r in self.store.list_sandboxes(account_id=account_id)
                       if r.state in busy and r.id != sandbox_id)
-        plans.check(self.plans, plan, size.name, self.meter.starts_since(account_id), running, what)
+        try:  # (count: as for _place)
+            plans.check(self.plans, plan, size.name, self.meter.starts_since(account_id), running, what)
+        except ControlError as err:
+            if count:
+                refused(err)
+            raise
 
     def _storage_admit(self, account_id: str, what: str) -> None:
         """403 ``plan_limit`` (limit ``storage_gib``) when the account's stored GiB have reached its plan's
@@ -108,8 +119,8 @@ class Admission:
         plan = self.plans.get(self.accounts.get_account(account_id).plan) or self.plans["trial"]
         stored = self.meter.stored_gib(account_id)
         if plan.storage_gib and stored >= plan.storage_gib:
-            raise plans.refusal(self.plans, plan, "storage_gib", stored + 1,
-                                f"{what}: {stored:.1f} GiB stored reach the {plan.storage_gib:g} GiB included")
+            raise refused(plans.refusal(self.plans, plan, "storage_gib", stored + 1,
+                                        f"{what}: {stored:.1f} GiB stored reach the {plan.storage_gib:g} GiB included"))
 
     def account_plan(self, account_id: str) -> dict[str, Any]:
         """The account's plan and what it uses now: ``{"plan": {...}, "used": {"startsLastHour", "running",
@@ -122,3 +133,9 @@ class Admission:
             "startsLastHour": self.meter.starts_since(account_id),
             "running": sum(1 for r in rows if r.state in busy),
             "storedGiB": round(self.meter.stored_gib(account_id), 6)}}
+
+
+def refused(err: ControlError) -> ControlError:
+    """Count ``err``, a refused start, in ``sbx_admission_refusals_total{code,status}``; returns it."""
+    metrics.ADMISSION_REFUSALS.labels(code=err.code, status=str(err.status)).inc()
+    return err

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sbx import metrics
 from sbx.control.errors import ControlError, from_node, not_found
 from sbx.control.sandboxes.planebase import PlaneBase
 from sbx.control.store.database import SandboxRow
@@ -62,6 +63,7 @@ class ExecOps(PlaneBase):
         # begin/end both run inside this generator: a response the client dropped before its first chunk never
         # starts it, and then neither runs (an eager begin would leave the sandbox "active" for ever).
         self.activity.begin(sandbox_id)
+        t0, outcome = time.monotonic(), "error"  # sbx_exec_seconds: to the exit line (ok), or to a failure
         try:
             agent = self.router.agent(node or self.router.default_name)
             for ev in agent.exec(sandbox_id, command, user=user, timeout=timeout, env=env, cwd=cwd, stop=stop):
@@ -71,6 +73,8 @@ class ExecOps(PlaneBase):
                         tail = "" if raw else dec.decode(b"", final=True)
                         if tail:
                             yield {"stream": kind, "data": tail}
+                    outcome = "ok"
+                    metrics.EXEC_SECONDS.labels(outcome=outcome).observe(time.monotonic() - t0)
                     yield {"exitCode": ev.exit_code, "timedOut": ev.timed_out}
                     return
                 if raw:
@@ -84,6 +88,8 @@ class ExecOps(PlaneBase):
         except NodeError as e:
             yield {"error": {"code": e.code, "message": e.message}}
         finally:
+            if outcome != "ok":
+                metrics.EXEC_SECONDS.labels(outcome=outcome).observe(time.monotonic() - t0)
             self.activity.end(sandbox_id)
 
     def exec_detached(

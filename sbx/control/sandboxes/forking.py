@@ -41,6 +41,7 @@ from sbx.config import Size
 from sbx.control.cluster import placement
 from sbx.control.cluster.relocate import move_stopped
 from sbx.control.errors import ControlError
+from sbx.control.sandboxes.admission import refused
 from sbx.control.sandboxes.migrating import MigrateOps
 from sbx.control.store.database import SandboxRow
 from sbx.node.types import NodeError, SandboxSpec
@@ -58,6 +59,7 @@ class ForkOps(MigrateOps):
             return placement.choose_fork(self._candidates(), self.settings, size, what, home, memory)
         except ControlError as err:
             log.info("refused %s: %s", what, err.message)
+            refused(err)
             raise
 
     def _fork_elsewhere(self, fork_id: str, source_id: str, home: str, dst: str, spec: SandboxSpec,

@@ -33,6 +33,7 @@ import functools
 import logging
 from typing import Any, cast
 
+from sbx import metrics
 from sbx.control.cluster import placement
 from sbx.control.errors import ControlError
 from sbx.control.sandboxes.moving import MoveOps
@@ -134,6 +135,8 @@ class MigrateOps(MoveOps):
         self.activity.touch(sandbox_id)
         self.migration_figures[sandbox_id] = figures
         pause, total = figures.get("pauseS"), figures.get("totalS")
+        if isinstance(pause, int | float):
+            metrics.MIGRATION_PAUSE_SECONDS.observe(pause)
         log.info("migrated %s from %s to %s in %.2f s (paused %.2f s)", sandbox_id, src, dst, total or 0.0,
                  pause or 0.0)
         # the event before the settled state: a follower of the events until settled sees it

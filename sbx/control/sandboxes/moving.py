@@ -20,6 +20,7 @@ from sbx.control.cluster import placement
 from sbx.control.cluster.relocate import move_stopped, promote_replica
 from sbx.control.cluster.replicas import ReplicaRow
 from sbx.control.errors import ControlError
+from sbx.control.sandboxes.admission import refused
 from sbx.control.sandboxes.planebase import PlaneBase
 from sbx.control.store.database import SandboxRow
 from sbx.node.types import NodeError
@@ -51,6 +52,7 @@ class MoveOps(PlaneBase):
             if require_memory:
                 return None
             log.info("refused %s: %s", what, err.message)
+            refused(err)
             raise
         if rep is not None and place.moves and place.node == rep.node:  # the replica saves the copy
             place = placement.ResumePlace(place.node, moves=True, memory=place.memory and rep.memory, replica=True)

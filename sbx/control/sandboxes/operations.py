@@ -113,8 +113,8 @@ class LifecycleOps(ForkOps):
         under the lock and uses the id only when its placement picks the same node (a reserved one left unused is
         deleted by its node a minute later). A create the plan refuses takes none."""
         try:
-            self._plan_admit(account_id, size, "create", f"a new {size.name} sandbox")
-            node = self._place(size, f"a new {size.name} sandbox", among=among)
+            self._plan_admit(account_id, size, "create", f"a new {size.name} sandbox", count=False)
+            node = self._place(size, f"a new {size.name} sandbox", among=among, count=False)
         except ControlError:
             return None  # the create itself will say why, after the plan's check
         sid = self.router.pool_take_on(node, size.name)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sbx import logs
 from sbx.config import Settings, Size
 from sbx.control.accounts import plans
 from sbx.control.accounts.keys import Accounts
@@ -28,6 +29,7 @@ from sbx.control.errors import ControlError, from_node, not_found
 from sbx.control.sandboxes.activity import Activity
 from sbx.control.sandboxes.admission import Admission
 from sbx.control.sandboxes.files import Files
+from sbx.control.sandboxes.observe import OpTimer
 from sbx.control.sandboxes.routes import Routes
 from sbx.control.sandboxes.sampler import Sampler
 from sbx.control.sandboxes.views import stats_view
@@ -94,6 +96,8 @@ class PlaneBase(Admission):
         self.store.state_hooks.append(self.meter.on_state)
         self.replicas = ReplicaBook(self.store)  # seal replicas on other nodes (sbx.control.cluster.replicas)
         self.store.state_hooks.append(forget_on_state_change)
+        self.optimer = OpTimer()  # sbx_operation_seconds (sbx.control.sandboxes.observe)
+        self.store.state_hooks.append(self.optimer.on_state)
         self.sampler = Sampler(self.router, lambda: [r.id for r in self.store.list_sandboxes() if r.state == "running"],
                                settings.stats_sample_seconds)
 
@@ -254,6 +258,8 @@ class PlaneBase(Admission):
 
     # background work -------------------------------------------------------------------------------------------
     def _submit(self, sandbox_id: str, fn: Callable[[], None], on_error: Callable[[str, str], None]) -> None:
+        # the worker's log lines name the sandbox and the request that began the operation (sbx.logs)
+        @logs.carry_to(sandbox_id)
         def run() -> None:
             try:
                 fn()

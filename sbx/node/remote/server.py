@@ -4,6 +4,8 @@ Every route needs ``Authorization: Bearer <node token>`` (compared in constant t
 ``unauthorized`` (a WebSocket is closed with code 4401 before it is accepted). Routes (:mod:`sbx.node.remote.wire`
 has the shapes):
 
+- ``GET /metrics``: Prometheus metrics of the node process (:mod:`sbx.metrics`: CRIU runs and failures, node
+  calls); no node token, ``Bearer <SBX_METRICS_TOKEN>`` when that is set;
 - ``GET /v1/node/health``: ``{"ok": true, "node": <node name>, "egress": <whether its egress proxy runs>}``;
 - ``POST /v1/node/egress/poll`` and ``.../answer``: the egress proxy's questions, long-polled by the servers
   (:mod:`sbx.node.remote.egresslink`);
@@ -42,13 +44,15 @@ import queue
 import re
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from sbx import metrics
 from sbx.node.migration.filestream import StreamError
 from sbx.node.remote import wire
 from sbx.node.remote.egresslink import EgressLink, egress_routes
@@ -100,8 +104,9 @@ class Exits:
 
 
 def create_node_app(node: NodeAgent, token: str, name: str = "node",
-                    relay: tuple[str, int] | None = None) -> FastAPI:
-    """The node API for ``node`` guarded by ``token``. Starting it (its lifespan) starts the node's watcher and,
+                    relay: tuple[str, int] | None = None, metrics_token: str = "") -> FastAPI:
+    """The node API for ``node`` guarded by ``token`` (``GET /metrics``: by ``metrics_token`` when set, else
+    open, as in :mod:`sbx.api.observe`). Starting it (its lifespan) starts the node's watcher and,
     with ``relay`` = ``(host, port)``, the port relay there (:mod:`sbx.node.remote.relay`); stopping it stops
     both."""
     exits = Exits()
@@ -134,6 +139,10 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
     async def auth(request: Request, call_next: Any) -> Any:
         if request.url.path.startswith(MIGRATE_PREFIX):  # a migration ticket, checked by the route
             return await call_next(request)
+        if request.url.path == "/metrics":  # aggregates only; SBX_METRICS_TOKEN when set (sbx.metrics)
+            if not metrics.authorized(request.headers.get("authorization"), metrics_token):
+                return _error(401, "unauthorized", "missing or wrong metrics token")
+            return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
         if not authorized(request.headers.get("authorization")):
             return _error(401, "unauthorized", "missing or wrong node token")
         return await call_next(request)
@@ -212,10 +221,13 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
             inspect.signature(fn).bind(*args, **kwargs)
         except (TypeError, ValueError) as e:
             return _error(400, "bad_call", f"{method}: {e}")
+        t0 = time.monotonic()
         try:
             return {"result": wire.encode(fn(*args, **kwargs))}
         except NodeError as e:
             return _error(409, e.code, e.message)
+        finally:
+            metrics.NODE_CALL_SECONDS.labels(call=method).observe(time.monotonic() - t0)
 
     @app.post("/v1/node/exec")
     async def exec_(body: dict[str, Any]) -> Any:
