@@ -184,7 +184,11 @@ class Accounts:
         plan = plan or self.default_plan
         self._check_plan(plan)
         with self.store.session() as s, s.begin():
-            if s.scalar(select(AccountRow.id).where(AccountRow.name == name)) is not None:
+            held = s.scalar(select(AccountRow).where(AccountRow.name == name))
+            if held is not None and held.state in ENDED:
+                raise ControlError("account_exists", f"an account named {name!r} existed ({held.id}, {held.state}); "
+                                   "its name stays with its usage records: pick another", 409)
+            if held is not None:
                 raise ControlError("account_exists", f"an account named {name!r} already exists", 409)
             row = AccountRow(id=new_id("acct_"), name=name, plan=plan, created_at=utcnow())
             s.add(row)

@@ -73,6 +73,8 @@ class AccountEnds:
         self._guard = threading.Lock()
         self._deleting: set[str] = set()  # accounts whose deletion thread runs in this process
         self._closed = False
+        self.pause = 2.0
+        """Seconds between a deletion's passes, times the pass number (tests make it short)."""
 
     def close(self) -> None:
         """At shutdown, before the plane's workers stop: the threads of this module start nothing more (what is
@@ -175,7 +177,7 @@ class AccountEnds:
                 if problem is None:
                     return
                 log.warning("deleting account %s (pass %d): %s", account_id, attempt + 1, problem)
-                time.sleep(2.0 * (attempt + 1))
+                time.sleep(self.pause * (attempt + 1))
             log.error("account %s stays deleting: %s; the next start or delete tries again", account_id, problem)
         finally:
             with self._guard:

@@ -238,3 +238,38 @@ def test_migration_adds_state_to_existing_accounts(tmp_path: Path) -> None:
                        "'2026-01-01 00:00:00')"))
         assert c.execute(text("select state from accounts where id = 'acct_x'")).scalar() == "active"
     store.close()
+
+
+def test_a_deletion_that_cannot_finish_stays_deleting_and_goes_on_when_asked_again(api: Api) -> None:
+    a, h = _account(api, "frank")
+    sid = api.c.post("/v1/sandboxes?wait=true", json={"type": "small"}, headers=h).json()["sandbox"]["id"]
+    cp = api.control
+    cp.account_ends.pause = 0.01
+    calls = []  # every pass of the first delete fails on the node
+    real = api.node.delete
+
+    def failing(sandbox_id: str) -> None:
+        calls.append(sandbox_id)
+        if len(calls) <= 3:
+            from sbx.node.types import NodeError
+
+            raise NodeError("node_busy", "the disk is held")
+        real(sandbox_id)
+
+    api.node.delete = failing  # type: ignore[method-assign]
+    assert api.delete(f"/v1/accounts/{a}").status_code == 202
+    _until(lambda: len(calls) >= 3 and a not in cp.account_ends._deleting)
+    assert api.get(f"/v1/account?account={a}").json()["account"]["state"] == "deleting"
+    assert _err(api.c.get("/v1/sandboxes", headers=h)) == (401, "unauthorized")  # its keys are gone already
+    r = api.delete(f"/v1/accounts/{a}")  # asked again: goes on, no busy check, no new error
+    assert r.status_code == 202 and r.json()["account"]["state"] == "deleting"
+    _until(lambda: api.get(f"/v1/account?account={a}").json()["account"]["state"] == "deleted")
+    assert cp.store.get_sandbox(sid).state == "deleted"  # type: ignore[union-attr]
+
+
+def test_a_deleted_accounts_name_stays_taken_and_says_why(api: Api) -> None:
+    a, _h = _account(api, "gone")
+    assert api.delete(f"/v1/accounts/{a}").status_code == 202
+    _until(lambda: api.get(f"/v1/account?account={a}").json()["account"]["state"] == "deleted")
+    r = api.post("/v1/accounts", json={"name": "gone"})
+    assert _err(r) == (409, "account_exists") and "pick another" in r.json()["error"]["message"]
