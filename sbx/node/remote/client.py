@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from sbx import logs
 from sbx.config import Settings
 from sbx.node.remote import wire
 from sbx.node.remote.egresslink import EgressClient
@@ -56,7 +57,8 @@ class RemoteNode(EgressClient):
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http = httpx.Client(base_url=self.url, headers=self._headers,
                                   timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
-                                  limits=httpx.Limits(max_connections=200, max_keepalive_connections=20))
+                                  limits=httpx.Limits(max_connections=200, max_keepalive_connections=20),
+                                  event_hooks={"request": [_pass_ids]})
         self._shutdown_at: float | None = None
         self._relay: tuple[str, int] | None = None
         self._watching = threading.Event()
@@ -383,3 +385,13 @@ class RemoteNode(EgressClient):
         """Stop polling (at shutdown)."""
         self._watching.clear()
         self._watcher = None
+
+
+def _pass_ids(request: httpx.Request) -> None:
+    """An httpx request hook: the ids the caller's log lines carry (:mod:`sbx.logs`) go along as ``X-Request-Id``
+    and ``X-Sbx-Sandbox-Id``, so the node agent's lines for this call name them too."""
+    rid, sid = logs.request_id.get(), logs.sandbox_id.get()
+    if rid:
+        request.headers["X-Request-Id"] = rid
+    if sid:
+        request.headers["X-Sbx-Sandbox-Id"] = sid

@@ -52,7 +52,7 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from sbx import metrics
+from sbx import logs, metrics
 from sbx.node.migration.filestream import StreamError
 from sbx.node.remote import wire
 from sbx.node.remote.egresslink import EgressLink, egress_routes
@@ -64,6 +64,8 @@ log = logging.getLogger("sbx.node.remote")
 
 MIGRATE_PREFIX = "/v1/node/migrate/"
 _MIGRATE_ID = re.compile(r"^[a-z0-9_]{1,40}$")
+_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_SANDBOX_ID = re.compile(r"^sb_[a-z0-9]{10}$")
 
 
 
@@ -137,6 +139,12 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
 
     @app.middleware("http")
     async def auth(request: Request, call_next: Any) -> Any:
+        # the ids of the server's request and sandbox this call serves, for this call's log lines (sbx.logs)
+        rid, sid = request.headers.get("x-request-id", ""), request.headers.get("x-sbx-sandbox-id", "")
+        with logs.bound(sid if _ID.match(sid) else None, rid if _ID.match(rid) else None):
+            return await _checked(request, call_next)
+
+    async def _checked(request: Request, call_next: Any) -> Any:
         if request.url.path.startswith(MIGRATE_PREFIX):  # a migration ticket, checked by the route
             return await call_next(request)
         if request.url.path == "/metrics":  # aggregates only; SBX_METRICS_TOKEN when set (sbx.metrics)
@@ -222,8 +230,10 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
         except (TypeError, ValueError) as e:
             return _error(400, "bad_call", f"{method}: {e}")
         t0 = time.monotonic()
+        named = args[0] if args and isinstance(args[0], str) and _SANDBOX_ID.match(args[0]) else None
         try:
-            return {"result": wire.encode(fn(*args, **kwargs))}
+            with logs.bound(named):  # a call about one sandbox names it in its log lines
+                return {"result": wire.encode(fn(*args, **kwargs))}
         except NodeError as e:
             return _error(409, e.code, e.message)
         finally:

@@ -139,3 +139,26 @@ def test_the_node_agent_serves_metrics(tmp_path: Path) -> None:
         assert "sbx_criu_seconds_bucket" in text
     finally:
         node.close()
+
+
+def test_a_node_call_carries_the_callers_ids(tmp_path: Path) -> None:
+    from sbx.node.remote.client import RemoteNode
+
+    node = FakeNode(tmp_path / "node")
+    seen: list[tuple[str | None, str | None]] = []
+    info = node.info
+
+    def recording_info() -> object:
+        seen.append((logs.sandbox_id.get(), logs.request_id.get()))
+        return info()
+
+    node.info = recording_info  # type: ignore[method-assign]
+    try:
+        with served_node(node, "node-token") as url:
+            remote = RemoteNode(url, "node-token")
+            with logs.bound("sb_0123456789", "req_from_server"):
+                remote.info()
+            remote.info()
+    finally:
+        node.close()
+    assert seen == [("sb_0123456789", "req_from_server"), (None, None)]
