@@ -69,6 +69,8 @@ OUTCOMES = ("ok", "error")
 
 OPERATIONS = ("create", "fork", "stop", "resume", "delete", "migrate")
 """The values of ``sbx_operation_seconds``' ``op`` label."""
+REFUSALS = (("insufficient_capacity", "507"), ("plan_limit", "403"), ("egress_proxy_unavailable", "409"))
+"""The ``(code, status)`` pairs of ``sbx_admission_refusals_total`` that placement and plans refuse with."""
 CRIU_KINDS = ("dump", "restore")
 """The values of the CRIU series' ``kind`` label."""
 
@@ -79,6 +81,8 @@ for _op in OPERATIONS:
         OPERATION_SECONDS.labels(op=_op, outcome=_outcome)
 for _outcome in OUTCOMES:
     EXEC_SECONDS.labels(outcome=_outcome)
+for _code, _status in REFUSALS:
+    ADMISSION_REFUSALS.labels(code=_code, status=_status)
 for _kind in CRIU_KINDS:
     CRIU_FAILURES.labels(kind=_kind)
     CRIU_SECONDS.labels(kind=_kind)

@@ -151,3 +151,30 @@ def test_a_workload_shows_in_metrics_and_json_logs(cluster: tuple[Server, NodeHo
     assert mine, [r for r in records if r.get("sandboxId") == sid]
     node_lines = json_lines(node.logs().splitlines())
     assert node_lines, node.logs()[-2000:]
+
+
+def test_an_embedded_node_counts_criu_runs_on_the_servers_metrics(server: Server) -> None:
+    """With the node inside `sbx server` (no SBX_NODE_URL) its CRIU runs show on the server's own /metrics."""
+    before = scrape(server.url)
+    status, body, _ = call(server, "POST", "/v1/sandboxes?wait=true", {"type": "small"})
+    assert status == 200, body
+    sid = json.loads(body)["sandbox"]["id"]
+    try:
+        status, body, _ = call(server, "POST", f"/v1/sandboxes/{sid}/stop?wait=true", {})
+        assert status == 200 and json.loads(body)["sandbox"]["memorySaved"] is True, body
+        status, body, _ = call(server, "POST", f"/v1/sandboxes/{sid}/resume?wait=true", {})
+        assert status == 200 and json.loads(body)["sandbox"]["memoryRestored"] is True, body
+        text = scrape(server.url)
+    finally:
+        call(server, "DELETE", f"/v1/sandboxes/{sid}?wait=true")
+    for kind in ("dump", "restore"):
+        grown = (value(text, "sbx_criu_seconds_count", kind=kind)
+                 - value(before, "sbx_criu_seconds_count", kind=kind))
+        assert grown >= 1, kind
+    assert value(text, "sbx_criu_failures_total", kind="restore") == value(before, "sbx_criu_failures_total",
+                                                                              kind="restore")
+    assert (value(text, "sbx_operation_seconds_count", op="resume", outcome="ok")
+            - value(before, "sbx_operation_seconds_count", op="resume", outcome="ok")) == 1
+    assert ("sbx_admission_refusals_total", {"code": "insufficient_capacity", "status": "507"}) in [
+        (s.name, s.labels) for f in text_string_to_metric_families(text) for s in f.samples]
+    assert sid not in text
