@@ -36,6 +36,7 @@ from typing import Any, cast
 from sbx import metrics
 from sbx.control.cluster import placement
 from sbx.control.errors import ControlError
+from sbx.control.sandboxes.admission import refused
 from sbx.control.sandboxes.moving import MoveOps
 from sbx.control.store.database import SandboxRow
 from sbx.node.migration import live as livemove
@@ -71,8 +72,12 @@ class MigrateOps(MoveOps):
             if not any(c.name == to for c in cands):
                 raise ControlError("not_found", f"no node {to!r} (see `sbx node list`)", 404)
             cands = [c for c in cands if c.name in (to, current)]
-        place = placement.choose_move(cands, self.settings, self._size(row.type), what, current, live=True,
-                                      unusable=self._no_api(), prefer=prefer)
+        try:
+            place = placement.choose_move(cands, self.settings, self._size(row.type), what, current, live=True,
+                                          unusable=self._no_api(), prefer=prefer)
+        except ControlError as err:
+            refused(err)
+            raise
         return place.node
 
     def migrate(self, sandbox_id: str, wait: float | None = None, prefer: str | None = None,
