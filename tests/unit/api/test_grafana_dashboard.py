@@ -47,3 +47,26 @@ def test_every_panel_queries_series_that_metrics_exports(api: Api, tmp_path: Pat
     finally:
         node.close()
     assert grafana.check_series(grafana.load(), [server_text, node_text]) >= 17
+
+
+def test_the_dashboard_loads_in_grafanas_own_model() -> None:
+    """Grafana's dashboard types (grafana-foundation-sdk, generated from Grafana's schema) decode the file: each
+    panel keeps its id, type, title and place, and each target decodes as a Prometheus query with its expression."""
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import dashboard, prometheus
+
+    plugins.register_default_plugins()
+    raw = grafana.load()
+    model = dashboard.Dashboard.from_json(raw)
+    assert (model.uid, model.title, model.schema_version) == (raw["uid"], raw["title"], raw["schemaVersion"])
+    assert model.panels is not None and len(model.panels) == len(raw["panels"])
+    for panel, want in zip(model.panels, raw["panels"], strict=True):
+        assert isinstance(panel, dashboard.Panel)
+        assert (panel.id_val, panel.type_val, panel.title) == (want["id"], want["type"], want["title"])
+        assert panel.targets is not None
+        assert all(isinstance(t, prometheus.Dataquery) for t in panel.targets), want["title"]
+        assert [t.expr for t in panel.targets] == [t["expr"] for t in want["targets"]]
+    back = json.loads(json.dumps(model, cls=JSONEncoder))
+    assert [p["gridPos"] for p in back["panels"]] == [p["gridPos"] for p in raw["panels"]]
+    assert back["templating"]["list"][0]["name"] == "datasource"
