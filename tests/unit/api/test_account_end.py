@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from sbx.api.app import create_app
+from sbx.control.errors import ControlError
 from sbx.control.sandboxes.routes import RouteRow
 from sbx.control.store.database import Store
 from tests.fakes import TOKEN, Api, FakeNode, auth, fake_settings, make_api
@@ -273,3 +274,25 @@ def test_a_deleted_accounts_name_stays_taken_and_says_why(api: Api) -> None:
     _until(lambda: api.get(f"/v1/account?account={a}").json()["account"]["state"] == "deleted")
     r = api.post("/v1/accounts", json={"name": "gone"})
     assert _err(r) == (409, "account_exists") and "pick another" in r.json()["error"]["message"]
+
+
+def test_console_sessions_follow_the_accounts_state(api: Api) -> None:
+    from sbx.api.sessions import SESSION_COOKIE
+
+    gate = api.c.app.state.gate  # type: ignore[attr-defined]
+    row, key, token = api.control.accounts.create_account("ivy", "team")
+    session = gate.sessions.open(token, key.id)
+    jar = {SESSION_COOKIE: session.id}
+    assert gate.authorize("GET", {}, jar, "10.0.0.9").account_id == row.id
+    api.post(f"/v1/accounts/{row.id}/suspend")
+    with pytest.raises(ControlError) as e:
+        gate.authorize("GET", {}, jar, "10.0.0.9")
+    assert (e.value.status, e.value.code) == (403, "account_suspended")
+    assert gate.sessions.get(session.id) is session  # kept: a resume gives it back
+    api.post(f"/v1/accounts/{row.id}/resume")
+    assert gate.authorize("GET", {}, jar, "10.0.0.9").account_id == row.id
+    api.delete(f"/v1/accounts/{row.id}")
+    with pytest.raises(ControlError) as e:
+        gate.authorize("GET", {}, jar, "10.0.0.9")
+    assert (e.value.status, e.value.code) == (401, "unauthorized")
+    assert gate.sessions.get(session.id) is None  # ended
