@@ -16,7 +16,8 @@ Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
   ``path`` is given) or ``application/octet-stream`` (``Content-Encoding: gzip`` allowed); 200 ``[{"path","name",
   "type":"file"}]``.
 - Connect RPCs (:mod:`sbx.api.e2b.connect`, JSON codec): ``process.Process/`` ``Start`` and ``Connect`` (server
-  streams), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin`` (:mod:`sbx.api.e2b.procs`);
+  streams), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin``, ``Update`` (a pty's size)
+  (:mod:`sbx.api.e2b.procs`);
   ``filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`),
   ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (:mod:`sbx.api.e2b.watch`).
   Other methods answer ``unimplemented``.
@@ -74,7 +75,7 @@ UPLOAD_MAX = 256 << 20
 limit)."""
 STREAMS = {"process.Process/Start", "process.Process/Connect"}
 UNARY = {"process.Process/List", "process.Process/SendSignal", "process.Process/SendInput",
-         "process.Process/CloseStdin", "filesystem.Filesystem/Stat",
+         "process.Process/CloseStdin", "process.Process/Update", "filesystem.Filesystem/Stat",
          "filesystem.Filesystem/ListDir", "filesystem.Filesystem/MakeDir", "filesystem.Filesystem/Move",
          "filesystem.Filesystem/Remove", "filesystem.Filesystem/CreateWatcher",
          "filesystem.Filesystem/GetWatcherEvents", "filesystem.Filesystem/RemoveWatcher"}
@@ -242,6 +243,9 @@ class Envd:
         if method == "process.Process/SendInput":
             procs.send_input(self.cp, sid, m)
             return {}
+        if method == "process.Process/Update":
+            procs.resize(self.cp, sid, m)
+            return {}
         if method == "process.Process/CloseStdin":
             procs.close_stdin(self.cp, sid, m)
             return {}
@@ -268,10 +272,10 @@ class Envd:
         def events() -> Iterator[dict[str, Any]]:
             if method == "process.Process/Start":
                 job = procs.start(self.cp, sid, message, user)
-                yield from procs.follow(self.cp, sid, job, False, left.is_set)
+                yield from procs.follow(self.cp, sid, job, False, left.is_set, pty=bool(message.get("pty")))
             else:
                 proc = procs.find(self.cp, sid, message.get("process"))
-                yield from procs.follow(self.cp, sid, proc.job, True, left.is_set)
+                yield from procs.follow(self.cp, sid, proc.job, True, left.is_set, pty=proc.pty)
 
         return self._stream_response(request, events(), None, left)
 

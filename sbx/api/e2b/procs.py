@@ -48,6 +48,7 @@ class Proc:
     args: list[str]
     cwd: str | None
     tag: str | None
+    pty: bool = False
 
 
 def control_to_connect(e: ControlError) -> ConnectError:
@@ -68,16 +69,28 @@ def stdin_dir(pid: int) -> str:
     return f"{STDIN_DIR}{pid}"
 
 
-def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, stdin: bool = False) -> str:
+def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, stdin: bool = False,
+                pty: tuple[int, int] | None = None) -> str:
     """The job command for a process running ``cmd`` with ``args`` (see the module's doc). With ``stdin`` its
-    standard input is a named pipe in :func:`stdin_dir` held open by a ``sleep`` (pid in ``holder`` there) until
-    ``CloseStdin``; :func:`send_input` writes to it."""
-    meta = base64.b64encode(json.dumps({"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}).encode()).decode()
+    standard input is a named pipe in :func:`stdin_dir` held open by a ``sleep`` (pid in ``holder`` there; started
+    from a subshell, so it is no child of the process, which may wait for any child) until ``CloseStdin``;
+    :func:`send_input` writes to it. With ``pty`` (``(cols, rows)``) it runs in a terminal of that size made by
+    util-linux ``script``, whose pid is the process's (input goes through the same pipe, closed when the program
+    ends: ``script`` waits for the end of its input)."""
+    info: dict[str, Any] = {"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}
+    if pty is not None:
+        info["pty"] = True
+        stdin = True
+    meta = base64.b64encode(json.dumps(info).encode()).decode()
     argv = " ".join(shlex.quote(a) for a in [cmd, *args])
+    if pty is not None:  # script ends at the end of its input: close the pipe when the program has ended
+        inner = (f'stty cols {int(pty[0])} rows {int(pty[1])} 2>/dev/null; {argv}; c=$?; '
+                 'kill "$(cat "$SBX_E2B_STDIN/holder")" 2>/dev/null; exit $c')
+        argv = f"script -qfec {shlex.quote(inner)} /dev/null"
     pipe = ""
     if stdin:
         pipe = (f's={STDIN_DIR}$$; mkdir -m 700 "$s" && mkfifo "$s/stdin" && '
-                '{ sleep infinity > "$s/stdin" & echo $! > "$s/holder"; }\n')
+                '( sleep infinity > "$s/stdin" & echo $! > "$s/holder" ); export SBX_E2B_STDIN="$s"\n')
         argv += ' < "$s/stdin"'
     return f"printf '%s\\n' \"$$\" >&2\n{pipe}exec {argv}\n{MARK}{meta}"
 
@@ -145,7 +158,7 @@ def running(cp: ControlPlane, sandbox_id: str) -> list[Proc]:
         args = meta.get("args")
         procs.append(Proc(job=parts[0], pid=int(parts[1]), cmd=str(meta.get("cmd", "")),
                           args=[str(a) for a in args] if isinstance(args, list) else [],
-                          cwd=meta.get("cwd"), tag=meta.get("tag")))
+                          cwd=meta.get("cwd"), tag=meta.get("tag"), pty=meta.get("pty") is True))
     return procs
 
 
@@ -173,8 +186,7 @@ def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str)
     process = request.get("process")
     if not isinstance(process, dict) or not isinstance(process.get("cmd"), str) or not process["cmd"]:
         raise ConnectError("invalid_argument", "process.cmd is required")
-    if request.get("pty"):
-        raise ConnectError("unimplemented", "pty processes are not supported by sbx yet")
+    size = pty_size(request.get("pty")) if request.get("pty") else None
     args = process.get("args") or []
     envs = process.get("envs") or {}
     cwd = process.get("cwd") or None
@@ -191,19 +203,30 @@ def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str)
     if any("\0" in s for s in [process["cmd"], *args, *envs, *envs.values()]):
         raise ConnectError("invalid_argument", "NUL bytes are not allowed in a command, its arguments or env")
     try:
-        job = cp.exec_detached(sandbox_id, job_command(process["cmd"], args, cwd, tag, stdin), user=user,
+        job = cp.exec_detached(sandbox_id, job_command(process["cmd"], args, cwd, tag, stdin, size), user=user,
                                env=dict(envs) or None, cwd=cwd)
     except ControlError as e:
         raise control_to_connect(e) from None
     return job.id
 
 
-def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Callable[[], bool]
-           ) -> Iterator[dict[str, Any]]:
+def pty_size(value: Any) -> tuple[int, int]:
+    """``(cols, rows)`` of a ``PTY`` message ``{"size": {"cols","rows"}}``; ``invalid_argument`` unless both are
+    1..1000."""
+    size = value.get("size") if isinstance(value, dict) else None
+    cols, rows = (size.get("cols"), size.get("rows")) if isinstance(size, dict) else (None, None)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1000 for n in (cols, rows)):
+        raise ConnectError("invalid_argument", "pty.size needs cols and rows from 1 to 1000")
+    return int(cols), int(rows)  # type: ignore[arg-type]
+
+
+def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Callable[[], bool],
+           pty: bool = False) -> Iterator[dict[str, Any]]:
     """The ``ProcessEvent`` messages of job ``job``: ``{"start": {"pid"}}``, then ``{"data": {"stdout"|"stderr":
-    base64}}`` pieces, then ``{"end": {"exitCode","exited","status"}}``. ``gone()`` True ends the follower (the
-    client left; the process goes on). Raises :class:`ConnectError`: ``not_found`` for an unknown job,
-    ``unavailable`` when the sandbox stops meanwhile (the process is kept, with its memory, when it paused)."""
+    base64}}`` pieces (a ``pty`` process's output is ``{"data": {"pty": base64}}``), then ``{"end": {"exitCode",
+    "exited","status"}}``. ``gone()`` True ends the follower (the client left; the process goes on). Raises
+    :class:`ConnectError`: ``not_found`` for an unknown job, ``unavailable`` when the sandbox stops meanwhile
+    (the process is kept, with its memory, when it paused)."""
     try:
         lines = cp.exec(sandbox_id, follower_script(job, from_now), 0, "root", None, None, "base64", gone)
     except ControlError as e:
@@ -230,7 +253,8 @@ def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Ca
             if not data:
                 continue
         if data:
-            yield {"data": {line["stream"]: base64.b64encode(data).decode()}}
+            kind = "pty" if pty and line["stream"] == "stdout" else line["stream"]
+            yield {"data": {kind: base64.b64encode(data).decode()}}
     if gone():
         return
     if code is None:
@@ -262,16 +286,14 @@ def signal(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
 
 
 def send_input(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
-    """``SendInput``: the bytes of ``input.stdin`` (base64) to the process's stdin pipe. ``not_found`` for a
-    process that does not run, ``failed_precondition`` when it was started without ``stdin`` or its stdin is
-    closed, ``unimplemented`` for pty input."""
+    """``SendInput``: the bytes of ``input.stdin`` or ``input.pty`` (base64) to the process's stdin pipe (a pty
+    process's terminal reads it). ``not_found`` for a process that does not run, ``failed_precondition`` when it
+    was started without ``stdin`` or its stdin is closed."""
     given = request.get("input")
     if not isinstance(given, dict) or not isinstance(given.get("stdin", given.get("pty")), str):
         raise ConnectError("invalid_argument", "input must be {stdin: base64} or {pty: base64}")
-    if "stdin" not in given:
-        raise ConnectError("unimplemented", "pty input is not supported by sbx yet")
     try:
-        data = base64.b64decode(given["stdin"], validate=True)
+        data = base64.b64decode(given.get("stdin", given.get("pty")), validate=True)
     except (binascii.Error, ValueError):
         raise ConnectError("invalid_argument", "input.stdin must be base64") from None
     proc = find(cp, sandbox_id, request.get("process"))
@@ -283,6 +305,21 @@ def send_input(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> No
         raise ConnectError("failed_precondition", f"process {proc.pid} has no open stdin (start it with stdin)")
     if code != 0:
         raise ConnectError("unavailable", f"writing to the stdin of process {proc.pid} failed (exit {code})")
+
+
+def resize(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:
+    """``Update``: give a pty process's terminal the size in ``pty`` (its programs get SIGWINCH); ``not_found``,
+    ``failed_precondition`` for a process without a terminal."""
+    cols, rows = pty_size(request.get("pty"))
+    proc = find(cp, sandbox_id, request.get("process"))
+    if not proc.pty:
+        raise ConnectError("failed_precondition", f"process {proc.pid} has no terminal")
+    code, _out, err = run_root(cp, sandbox_id, f'c=$(pgrep -o -P {proc.pid}) || exit 44; '
+                               't=$(readlink "/proc/$c/fd/0") || exit 44; '
+                               f'stty -F "$t" cols {cols} rows {rows}')
+    if code != 0:
+        raise ConnectError("failed_precondition", f"could not resize the terminal of process {proc.pid}: "
+                           f"{err.decode('utf-8', 'replace').strip()[:200] or code}")
 
 
 def close_stdin(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> None:

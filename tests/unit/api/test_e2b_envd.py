@@ -249,6 +249,17 @@ def test_a_killed_follower_is_checked_against_the_jobs_exit_file() -> None:
     assert e.value.code == "unavailable"
 
 
+def test_a_pty_process_runs_under_script_with_its_size_and_a_stdin_pipe() -> None:
+    cmd = procs.job_command("/bin/bash", ["-i", "-l"], None, None, pty=(100, 30))
+    assert "mkfifo" in cmd and "exec script -qfec 'stty cols 100 rows 30 2>/dev/null; /bin/bash -i -l; c=$?; " in cmd
+    assert cmd.split("\n")[2].endswith(' /dev/null < "$s/stdin"')
+    meta = json.loads(base64.b64decode(cmd.rsplit(procs.MARK, 1)[1]))
+    assert meta["pty"] is True
+    cp = StubPlane([out("stdout", b"9\n\x1b[?2004h$ "), {"exitCode": 0, "timedOut": False}])
+    events = list(procs.follow(cp, "sb_x", "job_abcdefgh", False, lambda: False, pty=True))  # type: ignore[arg-type]
+    assert events[1] == {"data": {"pty": base64.b64encode(b"\x1b[?2004h$ ").decode()}}
+
+
 def test_job_commands_keep_their_config_for_list() -> None:
     cmd = procs.job_command("/bin/bash", ["-l", "-c", "echo 'hi'\nnext"], "/tmp", "t1")
     assert cmd.startswith("printf '%s\\n' \"$$\" >&2\nexec /bin/bash -l -c ")
@@ -268,7 +279,8 @@ def test_job_commands_keep_their_config_for_list() -> None:
     ({"process": {"cmd": "ls", "args": "x"}}, "invalid_argument"),
     ({"process": {"cmd": "ls", "envs": {"A": 1}}}, "invalid_argument"),
     ({"process": {"cmd": "ls\0"}}, "invalid_argument"),
-    ({"process": {"cmd": "ls"}, "pty": {"size": {"cols": 80, "rows": 24}}}, "unimplemented"),
+    ({"process": {"cmd": "ls"}, "pty": {"size": {"cols": 0, "rows": 24}}}, "invalid_argument"),
+    ({"process": {"cmd": "ls"}, "stdin": "yes"}, "invalid_argument"),
 ])
 def test_bad_start_requests(request_: dict[str, Any], code: str) -> None:
     with pytest.raises(ConnectError) as e:
