@@ -12,7 +12,7 @@ E2B call                                        sbx                             
                                                 ``nextToken`` / ``X-Next-Token``, ``order``)
 ``GET /sandboxes/{id}``                         info                                                    200
 ``DELETE /sandboxes/{id}``                      delete, waited for                                      204
-``POST /sandboxes/{id}/timeout``                set its ttl                                             204
+``POST /sandboxes/{id}/timeout``                set its ttl (0: pause now)                              204
 ``POST /sandboxes/{id}/pause``                  stop keeping memory (``memory: false``: without),       204
                                                 waited for; 409 when already paused
 ``POST /[v2/]sandboxes/{id}/connect``           resume when stopped (201) or keep (200); the ttl only   200/201
@@ -233,11 +233,16 @@ class Api:
                 raise
 
     def set_timeout(self, who: Principal, sandbox_id: str, body: dict[str, Any]) -> None:
-        """Make ``timeout`` the sandbox's ttl."""
+        """Make ``timeout`` the sandbox's ttl; 0 (E2B: "time out now") pauses a running sandbox now, in the
+        background, as its timeout would (sbx's ttl 0 would mean "never")."""
         timeout = body.get("timeout")
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 10 * 365 * 86400:
             raise E2BError(400, "timeout must be a whole number of seconds >= 0")
-        self.row(who, sandbox_id)
+        row = self.row(who, sandbox_id)
+        if timeout == 0:
+            if row.state == "running":
+                self.cp.stop(sandbox_id, keep_memory=True, reason="idle")
+            return
         self.cp.store.update_sandbox(sandbox_id, ttl=timeout)
 
     def pause(self, who: Principal, sandbox_id: str, body: dict[str, Any]) -> None:

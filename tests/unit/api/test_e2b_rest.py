@@ -81,6 +81,9 @@ def test_pause_connect_timeout_and_kill(api: Api) -> None:
     assert api.c.post(f"/e2b/sandboxes/{sid}/resume", json={}, headers=h()).status_code == 409
     assert api.c.post(f"/e2b/sandboxes/{sid}/timeout", json={"timeout": 15}, headers=h()).status_code == 204
     assert api.control.get(sid).ttl == 15
+    assert api.c.post(f"/e2b/sandboxes/{sid}/timeout", json={"timeout": 0}, headers=h()).status_code == 204
+    assert api.control.wait_settled(sid).state == "stopped" and api.control.get(sid).ttl == 15  # E2B: time out now
+    assert api.c.post(f"/e2b/sandboxes/{sid}/connect", json={}, headers=h()).status_code == 201
     assert api.c.delete(f"/e2b/sandboxes/{sid}", headers=h()).status_code == 204
     gone = api.c.get(f"/e2b/sandboxes/{sid}", headers=h())
     assert gone.status_code == 404 and gone.json()["code"] == 404
