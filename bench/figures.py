@@ -274,7 +274,7 @@ def fig_disk(ctx: Ctx) -> list[Row]:
 @figure("grow", order=80)
 def fig_grow(ctx: Ctx) -> list[Row]:
     """``grow``: the seed ``grow.sh`` end to end with the real ``sbx`` on PATH, exactly as
-    ``tests/e2e/test_resize_guide.py`` runs it: a fresh small sandbox with the seed ``task.py`` copied in,
+    ``tests/e2e/sandboxes/test_resize_guide.py`` runs it: a fresh small sandbox with the seed ``task.py`` copied in,
     OOM-killed at the heavy step, resized to default, continued to "all steps done". ``min(repeats, 3)`` runs;
     the task sleeps 8 s in total (2 s for each light step)."""
     runs = min(ctx.repeats, 3)

@@ -1,5 +1,5 @@
 """Checks of the Grafana dashboard ``deploy/grafana/sbx.json`` that tests/unit/api/test_grafana_dashboard.py and
-tests/e2e/test_metrics.py share: the dashboard model's shape (what Grafana needs to import it: a uid, a schema
+tests/e2e/api/test_metrics.py share: the dashboard model's shape (what Grafana needs to import it: a uid, a schema
 version, panels with unique ids on the 24-column grid, Prometheus targets with unique refIds) and that every series
 a panel's PromQL names, with the labels it groups or filters by, is one that ``/metrics`` exports."""
 

@@ -84,7 +84,7 @@ class NodeHost:
             "SBX_NODE_TOKEN": self.token,
             "SBX_NODE_HOST": self.node_ip,
             "SBX_NODE_PORT": str(NODE_PORT),
-            "SBX_WARM_POOL": "0",  # no warm sandbox the test did not ask for (tests/e2e/test_warm_pool.py)
+            "SBX_WARM_POOL": "0",  # no warm sandbox the test did not ask for (tests/e2e/sandboxes/test_warm_pool.py)
             "HOME": str(self.state / "home"),
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }

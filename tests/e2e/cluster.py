@@ -1,4 +1,4 @@
-"""What the several-node end-to-end tests share (tests/e2e/test_drain.py, test_consolidation.py,
+"""What the several-node end-to-end tests share (tests/e2e/nodes/test_drain.py, test_consolidation.py,
 test_fork_elsewhere.py, test_secrets_nodes.py): :func:`node_cluster`, a ``sbx server`` driving node agents that
 each run in a network namespace of their own (tests/nodenet.py), and the CLI helpers and the 128 MiB holder process
 they check a move with."""

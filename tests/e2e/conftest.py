@@ -99,7 +99,7 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
         "SBX_PORT": str(port),
         "SBX_PROXY_PORT": str(proxy_port),
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
-        "SBX_CONSOLIDATE_SECONDS": "0",  # no move the test did not ask for (tests/e2e/test_consolidation.py sets it)
+        "SBX_CONSOLIDATE_SECONDS": "0",  # no move the test did not ask for (test_consolidation.py sets it)
         "SBX_REPLICATE_SECONDS": "0",  # no seal replica the test did not ask for (test_seal_replicas.py sets it)
         "SBX_WARM_POOL": "0",  # no warm sandbox the test did not ask for (test_warm_pool.py sets it)
         "HOME": str(tmp / "home"),

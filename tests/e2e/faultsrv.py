@@ -1,4 +1,4 @@
-"""A `sbx server` that fault tests can kill -9 and start again on the same state (tests/e2e/test_faults.py).
+"""A `sbx server` that fault tests can kill -9 and start again on the same state (tests/e2e/faults/test_faults.py).
 
 Node, bridge and subnet come from ``<prefix>_NODE`` / ``_BRIDGE`` / ``_SUBNET`` environment variables (prefix
 ``SBX_FAULT``: defaults ``faults`` / ``sbxfault0`` / 10.88.0.0/16, which no other test uses)."""

@@ -10,7 +10,7 @@ The relay checks the token (constant time), looks up that sandbox's own address 
 ``address:port``; it answers ``OK\\n`` and then copies bytes both ways until either side closes, or ``ERR <code>
 <message>\\n`` and closes (``unauthorized``, ``bad_request``, ``not_found``, ``not_running``, ``unreachable``).
 It never connects anywhere but a sandbox address of this node, and it listens where the node API does, which
-sandboxes cannot reach (the egress policy drops private addresses: ``tests/e2e/test_nodes.py`` attacks it).
+sandboxes cannot reach (the egress policy drops private addresses: ``tests/e2e/nodes/test_nodes.py`` attacks it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The console's sign-in and sessions (sbx.api.auth, sbx.api.console) and the stats sampler
 (sbx.control.sandboxes.sampler)
-on the real app with a FakeNode. The browser side is tests/e2e/test_console.py."""
+on the real app with a FakeNode. The browser side is tests/e2e/api/test_console.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Hosted ports (routes API and the proxy), files and PTY sessions through the real app with a FakeNode.
 
 The fake's ``spawn`` runs the in-sandbox programs on this host inside the sandbox's folder, so paths in these tests
-are relative (the real node runs them in the sandbox's own mount namespace: see tests/e2e/test_ports_files_ssh.py).
+are relative (the real node runs them in the sandbox's own mount namespace: see
+tests/e2e/sandboxes/test_ports_files_ssh.py).
 Its ``address`` is 127.0.0.1, so a route's port is a server the test starts on this host.
 """
 

@@ -15,7 +15,7 @@ from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e
 
-SEED = Path(__file__).with_name("seed")
+SEED = Path(__file__).resolve().parents[1] / "seed"
 
 
 def new_sandbox(server: Any, *args: str) -> str:

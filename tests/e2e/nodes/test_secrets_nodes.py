@@ -2,8 +2,8 @@
 long-poll link (sbx.node.remote.egresslink), injection follows the sandbox when it resumes on another node and when
 it is live-migrated, and a node that asks about a sandbox the store doesn't place on it gets nothing.
 
-The outside world is tests/e2e/test_secrets.py's (its ``remote`` fixture: HTTPS servers with a test CA in a network
-namespace the host routes to); the node agents' proxies trust that CA upstream (``SBX_EGRESS_UPSTREAM_CA``).
+The outside world is tests/e2e/accounts/test_secrets.py's (its ``remote`` fixture: HTTPS servers with a test CA in a
+network namespace the host routes to); the node agents' proxies trust that CA upstream (``SBX_EGRESS_UPSTREAM_CA``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.accounts.test_secrets import API_HOST, HOSTS_LINES, OTHER_HOST, Remote, _curl, _set_secret, remote
 from tests.e2e.cluster import info, node_cluster, ok
 from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
-from tests.e2e.test_secrets import API_HOST, HOSTS_LINES, OTHER_HOST, Remote, _curl, _set_secret, remote
 from tests.fakes import FakeNode, served_node
 from tests.nodenet import NodeHost
 from tests.slots import slot

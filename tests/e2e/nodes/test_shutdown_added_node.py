@@ -1,6 +1,6 @@
 """Server shutdown with an added node (issue 10's "only the configured node hears about shutdown"): on SIGTERM an
 exec attached to a sandbox on a node added with `sbx node add` ends with ``server_shutdown`` within the grace, as
-one on the server's own node does (tests/e2e/test_shutdown.py), and its command is killed, not left running.
+one on the server's own node does (tests/e2e/faults/test_shutdown.py), and its command is killed, not left running.
 
 Own embedded server (node ``shutan``, bridge ``sbxshan0``, 10.81.0.0/16) and node agent 14 in a network namespace
 of its own (tests/nodenet.py).

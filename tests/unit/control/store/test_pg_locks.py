@@ -20,7 +20,7 @@ from sbx.control.store.locks import LeaderLock, SandboxLocks
 from sbx.control.store.state import Lifecycle
 from tests.fakes import wait_until
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 HOLDER = textwrap.dedent("""
     import sys, time

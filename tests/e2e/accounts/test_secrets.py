@@ -34,7 +34,7 @@ pytestmark = pytest.mark.e2e
 
 API_HOST, OTHER_HOST, WS_HOST = "api.sbx-test.example", "other.sbx-test.example", "ws.sbx-test.example"
 H2_HOST = "h2.sbx-test.example"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EGRESS_PYTHON = REPO / ".venv-egress" / "bin" / "python"  # has the h2 library (mitmproxy's dependency)
 TOKEN_FILE_NAME = "tokens.json"
 

@@ -27,7 +27,7 @@ from tests.e2e.conftest import Server, start_server
 
 pytestmark = pytest.mark.e2e
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+SHOTS = Path(__file__).resolve().parents[3] / "docs" / "console"
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 120_000
 

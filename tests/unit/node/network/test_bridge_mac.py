@@ -39,7 +39,7 @@ print(json.dumps(seen))
 
 def test_the_bridge_mac_stays_while_ports_join_and_leave() -> None:
     assert os.geteuid() == 0, "needs root: a network namespace, a bridge, nftables"
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     p = subprocess.run(["unshare", "--net", sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert p.returncode == 0, p.stderr

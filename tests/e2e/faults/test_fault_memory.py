@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.faults.test_faults import _runc_running, _settled, in_background, info, new, ok, writes_work
 from tests.e2e.faultsrv import FaultServer
 from tests.e2e.helpers import poll
-from tests.e2e.test_faults import _runc_running, _settled, in_background, info, new, ok, writes_work
 
 HOLD_RESTORE = {"SBX_TEST_HOLD_RESTORE": "300"}
 FAIL_CHECKPOINT = {"SBX_TEST_FAIL_CHECKPOINT": "1"}
