@@ -19,7 +19,8 @@ Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
   streams), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin``, ``Update`` (a pty's size)
   (:mod:`sbx.api.e2b.procs`);
   ``filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`),
-  ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (:mod:`sbx.api.e2b.watch`).
+  ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` and the ``WatchDir`` stream
+  (:mod:`sbx.api.e2b.watch`).
   Other methods answer ``unimplemented``.
 
 A sandbox that is unknown, deleted, or stopped (E2B: paused) without ``autoResume`` gets E2B's edge answer: 502
@@ -73,7 +74,7 @@ KEEPALIVE_DEFAULT = 50.0
 UPLOAD_MAX = 256 << 20
 """Largest multipart upload accepted, in bytes (it is parsed in memory; octet-stream uploads stream and have no
 limit)."""
-STREAMS = {"process.Process/Start", "process.Process/Connect"}
+STREAMS = {"process.Process/Start", "process.Process/Connect", "filesystem.Filesystem/WatchDir"}
 UNARY = {"process.Process/List", "process.Process/SendSignal", "process.Process/SendInput",
          "process.Process/CloseStdin", "process.Process/Update", "filesystem.Filesystem/Stat",
          "filesystem.Filesystem/ListDir", "filesystem.Filesystem/MakeDir", "filesystem.Filesystem/Move",
@@ -269,6 +270,10 @@ class Envd:
                       ) -> Response:
         left = threading.Event()
 
+        if method == "filesystem.Filesystem/WatchDir":
+            return self._stream_response(request, self.watchers.stream(self.cp, sid, message, user, left.is_set),
+                                         None, left, wrap=False)
+
         def events() -> Iterator[dict[str, Any]]:
             if method == "process.Process/Start":
                 job = procs.start(self.cp, sid, message, user)
@@ -280,10 +285,11 @@ class Envd:
         return self._stream_response(request, events(), None, left)
 
     def _stream_response(self, request: Request, events: Iterator[dict[str, Any]], error: ConnectError | None,
-                         left: threading.Event | None = None) -> StreamingResponse:
-        """A 200 ``application/connect+json`` stream of ``{"event": ...}`` envelopes, keepalives when nothing else
-        came for ``Keepalive-Ping-Interval`` seconds, and the end-of-stream envelope (with the error that ended
-        it, if any)."""
+                         left: threading.Event | None = None, wrap: bool = True) -> StreamingResponse:
+        """A 200 ``application/connect+json`` stream of ``{"event": ...}`` envelopes (the messages as they are
+        without ``wrap``: ``WatchDirResponse`` has its oneof at the top), keepalives when nothing else came for
+        ``Keepalive-Ping-Interval`` seconds, and the end-of-stream envelope (with the error that ended it, if
+        any)."""
         left = left or threading.Event()
         try:
             every = float(request.headers.get("keepalive-ping-interval", KEEPALIVE_DEFAULT))
@@ -316,10 +322,10 @@ class Envd:
                     try:
                         kind, item = await asyncio.wait_for(queue.get(), timeout=every)
                     except TimeoutError:
-                        yield frame({"event": {"keepalive": {}}})
+                        yield frame({"event": {"keepalive": {}}} if wrap else {"keepalive": {}})
                         continue
                     if kind == "event":
-                        yield frame({"event": item})
+                        yield frame({"event": item} if wrap else item)
                         continue
                     yield end_frame(item)
                     return

@@ -1,6 +1,7 @@
-"""envd's directory watchers (``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher``; the SDK's synchronous
-``files.watch_dir`` polls them), by comparing listings: sbx runs no watcher of its own in the sandbox, so each
-poll lists the directory again (:func:`sbx.api.e2b.fs.list_dir`) and reports what differs from the last listing:
+"""envd's directory watchers (``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher``, which the SDK's
+synchronous ``files.watch_dir`` polls, and the ``WatchDir`` stream of its asynchronous one), by comparing
+listings: sbx runs no watcher of its own in the sandbox, so each poll lists the directory again
+(:func:`sbx.api.e2b.fs.list_dir`) and reports what differs from the last listing:
 
 - a new entry: ``EVENT_TYPE_CREATE``, and for a file with content also ``EVENT_TYPE_WRITE`` and
   ``EVENT_TYPE_CHMOD`` (what envd reports for a file it writes: created, written, its mode set);
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
 
 MAX_WATCHERS = 1000
+POLL_SECONDS = 0.5
+"""How often a ``WatchDir`` stream lists the directory again."""
 RECURSIVE_DEPTH = 32
 
 
@@ -121,6 +126,29 @@ class Watchers:
         with self._lock:
             self._all.pop(wid, None)
         return {}
+
+    def stream(self, cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str,
+               gone: Callable[[], bool], every: float = POLL_SECONDS) -> Iterator[dict[str, Any]]:
+        """``WatchDir``'s messages: ``{"start": {}}``, then ``{"filesystem": event}`` for each change found by
+        polling every ``every`` seconds, until ``gone()`` (the client left). Raises as :meth:`create`."""
+        recursive = request.get("recursive", False)
+        include = request.get("includeEntry", False)
+        if not isinstance(recursive, bool) or not isinstance(include, bool):
+            raise ConnectError("invalid_argument", "recursive and includeEntry must be true or false")
+        w = Watcher(sandbox_id, fs.absolute(request.get("path"), user), user,
+                    RECURSIVE_DEPTH if recursive else 1, include)
+        w.seen = _listing(cp, w)
+        yield {"start": {}}
+        while True:
+            deadline = time.monotonic() + every
+            while time.monotonic() < deadline:
+                if gone():
+                    return
+                time.sleep(0.05)
+            now = _listing(cp, w)
+            for event in diff(w, now):
+                yield {"filesystem": event}
+            w.seen = now
 
     def forget(self, sandbox_id: str) -> None:
         """Drop the watchers of a sandbox that is gone."""

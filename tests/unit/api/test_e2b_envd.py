@@ -359,3 +359,19 @@ def test_watchers_report_what_changed_between_polls(api: Api, tmp_path: Path) ->
     flat = call("CreateWatcher", path=str(d))["watcherId"]
     (d / "sub" / "deeper.txt").write_text("x")
     assert call("GetWatcherEvents", watcherId=flat) == {"events": []}  # not recursive: sub's files unseen
+
+
+def test_a_watch_stream_starts_then_reports_changes(api: Api, tmp_path: Path) -> None:
+    from sbx.api.e2b.watch import Watchers
+
+    sid, _hdr = sandbox(api)
+    d = tmp_path / "ws"
+    d.mkdir()
+    gone = False
+    stream = Watchers().stream(api.control, sid, {"path": str(d)}, "user", lambda: gone, every=0.1)
+    assert next(stream) == {"start": {}}
+    (d / "n.txt").write_text("x")
+    assert next(stream) == {"filesystem": {"name": "n.txt", "type": "EVENT_TYPE_CREATE"}}
+    assert next(stream)["filesystem"]["type"] == "EVENT_TYPE_WRITE"
+    gone = True
+    assert next(stream, None) in (None, {"filesystem": {"name": "n.txt", "type": "EVENT_TYPE_CHMOD"}})
