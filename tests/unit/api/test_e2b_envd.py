@@ -96,7 +96,7 @@ def test_health_token_and_paused_sandboxes(api: Api) -> None:
 
 def test_unknown_methods_wrong_types_and_users(api: Api) -> None:
     _sid, hdr = sandbox(api)
-    r = api.c.post("/filesystem.Filesystem/WatchDir", json={}, headers=hdr)
+    r = api.c.post("/filesystem.Filesystem/Nope", json={}, headers=hdr)
     assert r.status_code == 501 and r.json()["code"] == "unimplemented"
     r = api.c.post("/filesystem.Filesystem/Stat", content=b"{}", headers={**hdr, "Content-Type": "text/plain"})
     assert r.status_code == 415
