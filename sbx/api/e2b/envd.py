@@ -289,13 +289,15 @@ class Envd:
         """A 200 ``application/connect+json`` stream of ``{"event": ...}`` envelopes (the messages as they are
         without ``wrap``: ``WatchDirResponse`` has its oneof at the top), keepalives when nothing else came for
         ``Keepalive-Ping-Interval`` seconds, and the end-of-stream envelope (with the error that ended it, if
-        any)."""
+        any: ``deadline_exceeded`` once ``Connect-Timeout-Ms`` has passed)."""
         left = left or threading.Event()
         try:
             every = float(request.headers.get("keepalive-ping-interval", KEEPALIVE_DEFAULT))
         except ValueError:
             every = KEEPALIVE_DEFAULT
         every = min(max(every, 1.0), 3600.0)
+        limit = request.headers.get("connect-timeout-ms", "")
+        seconds = int(limit) / 1000 if limit.isdigit() and len(limit) <= 10 and int(limit) > 0 else None
 
         async def body() -> AsyncIterator[bytes]:
             if error is not None:
@@ -317,11 +319,20 @@ class Envd:
                     loop.call_soon_threadsafe(queue.put_nowait, ("end", ConnectError("unavailable", repr(e))))
 
             worker = loop.run_in_executor(None, pump)
+            deadline = loop.time() + seconds if seconds is not None else None
             try:
                 while True:
+                    wait = every
+                    if deadline is not None:
+                        wait = min(wait, deadline - loop.time())
+                        if wait <= 0:  # the call's deadline: the stream ends, the process goes on (as in envd)
+                            yield end_frame(ConnectError("deadline_exceeded", "the call's deadline passed"))
+                            return
                     try:
-                        kind, item = await asyncio.wait_for(queue.get(), timeout=every)
+                        kind, item = await asyncio.wait_for(queue.get(), timeout=wait)
                     except TimeoutError:
+                        if deadline is not None and loop.time() >= deadline:
+                            continue
                         yield frame({"event": {"keepalive": {}}} if wrap else {"keepalive": {}})
                         continue
                     if kind == "event":

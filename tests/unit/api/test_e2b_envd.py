@@ -375,3 +375,12 @@ def test_a_watch_stream_starts_then_reports_changes(api: Api, tmp_path: Path) ->
     assert next(stream)["filesystem"]["type"] == "EVENT_TYPE_WRITE"
     gone = True
     assert next(stream, None) in (None, {"filesystem": {"name": "n.txt", "type": "EVENT_TYPE_CHMOD"}})
+
+
+def test_a_stream_ends_with_deadline_exceeded_at_its_deadline(api: Api, tmp_path: Path) -> None:
+    _sid, hdr = sandbox(api)
+    r = api.c.post("/filesystem.Filesystem/WatchDir", content=connect.frame({"path": str(tmp_path)}),
+                   headers={**hdr, "Content-Type": "application/connect+json", "Connect-Timeout-Ms": "400"})
+    got = frames(r.content)
+    assert got[0] == (0, {"start": {}})
+    assert got[-1] == (2, {"error": {"code": "deadline_exceeded", "message": "the call's deadline passed"}})
