@@ -34,6 +34,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import threading
 import time
 import zlib
@@ -61,6 +62,8 @@ from sbx.control.errors import ControlError
 
 if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
+
+log = logging.getLogger("sbx.api.e2b")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -183,12 +186,13 @@ class Envd:
         return None
 
     async def handle(self, request: Request) -> Response:
-        """Route ``request``; never raises (every failure is an answer)."""
-        sid, refused = await run_in_threadpool(self._check, request)
-        if refused is not None:
-            return refused
-        path = request.url.path
+        """Route ``request``; never raises (every failure is an answer; an unexpected one is logged and answered
+        503 ``unavailable``)."""
+        sid, path = request.headers.get("e2b-sandbox-id", ""), request.url.path
         try:
+            sid, refused = await run_in_threadpool(self._check, request)
+            if refused is not None:
+                return refused
             if path == "/health":
                 return Response(status_code=204) if request.method == "GET" else http_error(405, "use GET")
             if path == "/files":
@@ -200,6 +204,12 @@ class Envd:
             return await self.rpc(request, sid, path.lstrip("/"))
         except ConnectError as e:
             return unary_error(e)
+        except ControlError as e:
+            return unary_error(procs.control_to_connect(e))
+        except Exception as e:  # a bug: logged, answered as the sandbox being unavailable rather than a bare 500
+            log.exception("unexpected error serving %s for %s", path, sid)
+            return unary_error(ConnectError("unavailable", f"internal error ({type(e).__name__}); see the server "
+                                            "log"))
 
     # Connect ---------------------------------------------------------------------------------------------------
     def _rpc_user(self, request: Request) -> str:
