@@ -1,7 +1,8 @@
 """Issue 31 end to end: E2B's own Python SDK (the pinned ``e2b`` package, unmodified) drives a real sbx server and
 real sandboxes through ``E2B_API_URL=<server>/e2b`` and ``E2B_SANDBOX_URL=<server>``: create, commands (output,
 exit codes, a background process), files, pause (= stop with memory) and connect (= resume, the same process still
-running), kill; a second account's key sees none of it; bad input gets E2B's error shape, never a 5xx."""
+running), kill; stdin, a terminal, a watcher, a signed URL and a call deadline; a second account's key sees none
+of it; bad input gets E2B's error shape, never a 5xx."""
 
 from __future__ import annotations
 
@@ -94,6 +95,40 @@ def test_the_e2b_sdk_creates_runs_writes_pauses_resumes_and_kills(e2b_env: Serve
         assert sbx.kill() is True
     assert Sandbox.kill(sbx.sandbox_id) is False
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+
+
+def test_stdin_terminals_watchers_signed_urls_and_deadlines(e2b_env: Server) -> None:
+    from e2b import Sandbox, TimeoutException
+    from e2b.sandbox.commands.command_handle import PtySize
+    from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+    sbx = Sandbox.create(timeout=300)
+    try:
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(cat.pid, "hello through stdin\n")
+        sbx.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "hello through stdin\n"
+
+        seen: list[bytes] = []
+        term = sbx.pty.create(PtySize(rows=24, cols=100))
+        sbx.pty.send_stdin(term.pid, b"tput cols; exit\n")
+        assert term.wait(on_pty=seen.append).exit_code == 0
+        assert b"100" in b"".join(seen)
+
+        sbx.files.make_dir("/home/user/watched")
+        watch = sbx.files.watch_dir("/home/user/watched")
+        sbx.files.write("/home/user/watched/new.txt", "x")
+        events = watch.get_new_events()
+        assert ("new.txt", FilesystemEventType.CREATE) in [(e.name, e.type) for e in events]
+        watch.stop()
+
+        url = sbx.download_url("/home/user/watched/new.txt", use_signature_expiration=60)
+        assert "E2b-Sandbox-Id" not in url and httpx.get(url).content == b"x"  # no header: the signature routes it
+
+        with pytest.raises(TimeoutException):
+            sbx.commands.run("sleep 10", timeout=2)
+    finally:
+        sbx.kill()
 
 
 def test_another_accounts_key_sees_and_touches_nothing(e2b_env: Server) -> None:
