@@ -81,7 +81,7 @@ def check_env(env: dict[str, str] | None) -> dict[str, str] | None:
     for k, v in env.items():
         if not ENV_KEY_RE.match(k):
             raise PydanticCustomError("invalid_env", "environment variable names are letters, digits and '_', "
-                                      "not starting with a digit: {key!r}", {"key": k[:80]})
+                                      "not starting with a digit: {key}", {"key": repr(k[:80])})
         total += len(k.encode()) + len(v.encode("utf-8", "surrogatepass")) + 2
     if total > ENV_MAX_BYTES:
         raise PydanticCustomError("invalid_env", "the environment is over {n} bytes", {"n": ENV_MAX_BYTES})
@@ -94,7 +94,7 @@ def check_labels(labels: dict[str, str] | None) -> dict[str, str] | None:
     for k, v in (labels or {}).items():
         if not re.match(LABEL_KEY_PATTERN, k):
             raise PydanticCustomError("invalid_labels", "label keys are 1-63 characters: letters, digits, '.', '_', "
-                                      "'/', '-', starting with a letter or digit: {key!r}", {"key": k[:80]})
+                                      "'/', '-', starting with a letter or digit: {key}", {"key": repr(k[:80])})
         if len(v) > LABEL_VALUE_MAX:
             raise PydanticCustomError("invalid_labels", "label values are at most {n} characters",
                                       {"n": LABEL_VALUE_MAX})

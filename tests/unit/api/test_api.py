@@ -500,3 +500,12 @@ def test_fork_with_memory_of_a_stopped_sandbox_is_409_and_changes_nothing(api: A
     assert len(api.c.get("/v1/sandboxes", headers=api.h).json()["sandboxes"]) == before
     bad = api.post(f"/v1/sandboxes/{src['id']}/fork", json={"memory": "yes"})
     assert bad.status_code == 422 and bad.json()["error"]["field"].endswith("memory")
+
+
+def test_a_bad_label_or_env_key_is_named_in_the_error(api: Api) -> None:
+    r = api.post("/v1/sandboxes", json={"labels": {"bad key": "x"}})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_labels")
+    assert "'bad key'" in r.json()["error"]["message"] and "{key" not in r.json()["error"]["message"]
+    r = api.post("/v1/sandboxes", json={"env": {"1A": "x"}})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_env")
+    assert "'1A'" in r.json()["error"]["message"] and "{key" not in r.json()["error"]["message"]
