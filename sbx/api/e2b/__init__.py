@@ -4,4 +4,12 @@ Point the SDK at sbx with ``E2B_API_URL=http://<server>/e2b`` (the REST control 
 and ``E2B_SANDBOX_URL=http://<server>`` (what the SDK calls inside sandboxes, routed by its ``E2b-Sandbox-Id``
 header: :mod:`sbx.api.e2b.envd`), with ``E2B_API_KEY`` an sbx API key.
 :func:`sbx.api.e2b.mount.mount` adds both to the sbx API.
+
+- :mod:`~sbx.api.e2b.routes` (the REST routes) over :mod:`~sbx.api.e2b.rest` (what they do: create, list, kill,
+  timeouts, pause, connect, metrics);
+- :mod:`~sbx.api.e2b.envd` (the in-sandbox calls: Connect RPCs, ``/health``) with :mod:`~sbx.api.e2b.files`
+  (``/files``), :mod:`~sbx.api.e2b.procs` (processes and terminals), :mod:`~sbx.api.e2b.fs` (filesystem calls),
+  :mod:`~sbx.api.e2b.watch` (watchers), :mod:`~sbx.api.e2b.connect` (the Connect protocol's JSON framing) and
+  :mod:`~sbx.api.e2b.tokens` (access tokens, signed URLs);
+- :mod:`~sbx.api.e2b.mount`: both added to the sbx API, and the middleware that sends envd's requests aside.
 """

@@ -3,8 +3,9 @@ server itself on behalf of the sandbox (no agent of its own in the guest).
 
 The SDK sends every in-sandbox request to the one ``E2B_SANDBOX_URL`` and names the sandbox in the headers
 ``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port`` (49983, envd's port), with ``X-Access-Token`` (the ``envdAccessToken``
-the REST API gave it: :func:`sbx.api.e2b.tokens.access_token`). :class:`Dispatch` sends requests carrying
-``E2b-Sandbox-Id`` here and everything else to sbx's own API, so one port serves both.
+the REST API gave it: :func:`sbx.api.e2b.tokens.access_token`). :class:`sbx.api.e2b.mount.Dispatch` sends
+requests carrying ``E2b-Sandbox-Id`` here and everything else to sbx's own API, so one port serves both. The
+plain-HTTP ``/files`` calls are :class:`sbx.api.e2b.files.FilesRoutes`'s.
 
 Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
 
@@ -37,11 +38,10 @@ import hmac
 import logging
 import threading
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -56,6 +56,7 @@ from sbx.api.e2b.connect import (
     parse_json,
     unary_error,
 )
+from sbx.api.e2b.files import USERS, FilesRoutes, http_error
 from sbx.api.e2b.tokens import access_token
 from sbx.api.e2b.watch import Watchers
 from sbx.control.errors import ControlError
@@ -72,11 +73,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ENVD_PORT = 49983
-USERS = ("user", "root")
 KEEPALIVE_DEFAULT = 50.0
-UPLOAD_MAX = 256 << 20
-"""Largest multipart upload accepted, in bytes (it is parsed in memory; octet-stream uploads stream and have no
-limit)."""
 STREAMS = {"process.Process/Start", "process.Process/Connect", "filesystem.Filesystem/WatchDir"}
 UNARY = {"process.Process/List", "process.Process/SendSignal", "process.Process/SendInput",
          "process.Process/CloseStdin", "process.Process/Update", "filesystem.Filesystem/Stat",
@@ -89,11 +86,6 @@ def not_found_502(sandbox_id: str) -> JSONResponse:
     """E2B's edge answer for a sandbox that does not run (unknown, killed or paused)."""
     return JSONResponse({"sandboxId": sandbox_id, "message": "The sandbox was not found", "code": 502},
                         status_code=502)
-
-
-def http_error(status: int, message: str) -> JSONResponse:
-    """envd's plain-HTTP error body ``{"code": status, "message"}``."""
-    return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
 def basic_user(header: str | None) -> str | None:
@@ -110,7 +102,7 @@ def basic_user(header: str | None) -> str | None:
         return ""
 
 
-class Envd:
+class Envd(FilesRoutes):
     """The envd ASGI application for control plane ``cp``; ``secret`` signs access tokens."""
 
     def __init__(self, cp: ControlPlane, secret: bytes):
@@ -355,170 +347,3 @@ class Envd:
                 del worker  # it ends on its own once the follower sees ``left``
 
         return StreamingResponse(body(), media_type=STREAM_TYPE)
-
-    # /files ----------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _files_user(request: Request) -> str:
-        user = request.query_params.get("username") or request.query_params.get("user") or "user"
-        if user not in USERS:
-            raise FilesError(401, f"unknown user {user[:40]!r}: sbx sandboxes have user and root")
-        return user
-
-    async def download(self, request: Request, sid: str) -> Response:
-        """``GET /files``: the file's bytes (``application/octet-stream``)."""
-        try:
-            user = self._files_user(request)
-            path = request.query_params.get("path")
-            if not path:
-                raise FilesError(400, "path is required")
-            p = fs.absolute(path, user)
-            chunks = await run_in_threadpool(self.cp.files.open_read, sid, p, user)
-        except FilesError as e:
-            return http_error(e.status, e.message)
-        except ConnectError as e:
-            return http_error(400, e.message)
-        except ControlError as e:
-            return _files_error(e, path or "")
-        return StreamingResponse(iterate_in_threadpool(chunks), media_type="application/octet-stream")
-
-    async def upload(self, request: Request, sid: str) -> Response:
-        """``POST /files``: write one file (octet-stream) or each part of a multipart body."""
-        try:
-            user = self._files_user(request)
-            path = request.query_params.get("path")
-            ctype = request.headers.get("content-type", "")
-            if any(k.lower().startswith("x-metadata-") for k in request.headers):
-                raise FilesError(400, "file metadata (X-Metadata-* headers) is not supported by sbx yet")
-            if ctype.lower().startswith("application/octet-stream"):
-                if not path:
-                    raise FilesError(400, "path is required for an application/octet-stream upload")
-                p = fs.absolute(path, user)
-                await self._write_stream(request, sid, p, user)
-                return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"}])
-            if not ctype.lower().startswith("multipart/form-data"):
-                raise FilesError(400, "the body must be multipart/form-data or application/octet-stream")
-            body = bytearray()
-            async for chunk in request.stream():
-                body.extend(chunk)
-                if len(body) > UPLOAD_MAX:
-                    raise FilesError(413, f"a multipart upload is limited to {UPLOAD_MAX} bytes; use "
-                                     "application/octet-stream for bigger files")
-            parts = parse_multipart(bytes(body), ctype)
-            if not parts:
-                raise FilesError(400, "no file part in the multipart body")
-            if path and len(parts) > 1:
-                raise FilesError(400, "several parts need no path (each part's filename is its path)")
-            written = []
-            for filename, data in parts:
-                target = path or filename
-                if not target:
-                    raise FilesError(400, "a part without filename needs the path parameter")
-                p = fs.absolute(target, user)
-                await run_in_threadpool(self._write_all, sid, p, user, data)
-                written.append({"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"})
-            return JSONResponse(written)
-        except FilesError as e:
-            return http_error(e.status, e.message)
-        except ConnectError as e:
-            return http_error(400, e.message)
-        except ControlError as e:
-            return _files_error(e, path or "")
-
-    def _write_all(self, sid: str, path: str, user: str, data: bytes) -> None:
-        writer = self.cp.files.open_write(sid, path, user)
-        try:
-            writer.write(data)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.finish()
-
-    async def _write_stream(self, request: Request, sid: str, path: str, user: str) -> None:
-        gz = request.headers.get("content-encoding", "").lower() == "gzip"
-        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
-        writer = await run_in_threadpool(self.cp.files.open_write, sid, path, user)
-        try:
-            async for chunk in request.stream():
-                if inflate is not None:
-                    try:
-                        chunk = inflate.decompress(chunk)
-                    except zlib.error as e:
-                        raise FilesError(400, f"the body is not valid gzip: {e}") from None
-                if chunk:
-                    await run_in_threadpool(writer.write, chunk)
-        except BaseException:
-            await run_in_threadpool(writer.abort)
-            raise
-        await run_in_threadpool(writer.finish)
-
-
-class FilesError(Exception):
-    """A ``/files`` request answered with envd's ``{"code": status, "message"}``."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _files_error(e: ControlError, path: str) -> JSONResponse:
-    if e.status == 404:
-        return http_error(404, f"path '{path}' does not exist")
-    if e.status == 409 or e.status >= 500:
-        return http_error(502, e.message)
-    return http_error(e.status if e.status in (400, 401, 403, 413, 507) else 400, e.message)
-
-
-def parse_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
-    """``(filename, content)`` of each part of a ``multipart/form-data`` body (RFC 7578) whose boundary is in
-    ``content_type``. Raises :class:`FilesError` 400 for a missing boundary or a malformed body."""
-    boundary = ""
-    for param in content_type.split(";")[1:]:
-        key, _, value = param.strip().partition("=")
-        if key.lower() == "boundary":
-            boundary = value.strip().strip('"')
-    if not boundary:
-        raise FilesError(400, "multipart/form-data without a boundary")
-    delimiter = b"--" + boundary.encode()
-    pieces = body.split(delimiter)
-    if len(pieces) < 3:
-        raise FilesError(400, "malformed multipart body")
-    parts = []
-    for piece in pieces[1:]:
-        if piece.startswith(b"--"):
-            break
-        head, sep, content = piece.partition(b"\r\n\r\n")
-        if not sep:
-            raise FilesError(400, "malformed multipart part (no header end)")
-        if content.endswith(b"\r\n"):
-            content = content[:-2]
-        filename = ""
-        for line in head.decode("utf-8", "replace").split("\r\n"):
-            name, _, value = line.partition(":")
-            if name.strip().lower() != "content-disposition":
-                continue
-            for param in value.split(";")[1:]:
-                key, _, val = param.strip().partition("=")
-                if key.lower() == "filename":
-                    filename = val.strip().strip('"')
-        parts.append((filename, content))
-    return parts
-
-
-class Dispatch:
-    """ASGI middleware: requests with an ``E2b-Sandbox-Id`` header, and signed ``/files`` URLs (which carry no
-    header: anyone the SDK's user hands one to may open it), go to ``envd``; the rest to ``app``."""
-
-    def __init__(self, app: ASGIApp, envd: ASGIApp):
-        self.app = app
-        self.envd = envd
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Dispatch one request or connection."""
-        if scope["type"] == "http":
-            signed = scope.get("path") == "/files" and b"signature=" in scope.get("query_string", b"")
-            for name, _value in [(b"e2b-sandbox-id", b"")] if signed else scope.get("headers", ()):
-                if name == b"e2b-sandbox-id":
-                    await self.envd(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)

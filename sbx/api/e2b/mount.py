@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 import sbx.api.e2b.envd as envd
-import sbx.api.e2b.rest as rest
+import sbx.api.e2b.routes as routes
 from sbx.api.auth import Gate
+from sbx.api.e2b.envd import ASGIApp, Receive, Scope, Send
 from sbx.api.e2b.tokens import load_secret
 from sbx.control.service import ControlPlane
 
@@ -18,5 +19,24 @@ def mount(app: FastAPI, cp: ControlPlane, gate: Gate) -> None:
     on every path of it, keys checked by ``gate``. Makes the access-token secret on first use
     (:func:`sbx.api.e2b.tokens.load_secret`)."""
     secret = load_secret(cp.settings.state_dir)
-    app.mount(PREFIX, rest.create_app(cp, secret, gate))
-    app.add_middleware(envd.Dispatch, envd=envd.Envd(cp, secret))
+    app.mount(PREFIX, routes.create_app(cp, secret, gate))
+    app.add_middleware(Dispatch, envd=envd.Envd(cp, secret))
+
+
+class Dispatch:
+    """ASGI middleware: requests with an ``E2b-Sandbox-Id`` header, and signed ``/files`` URLs (which carry no
+    header: anyone the SDK's user hands one to may open it), go to ``envd``; the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, envd: ASGIApp):
+        self.app = app
+        self.envd = envd
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Dispatch one request or connection."""
+        if scope["type"] == "http":
+            signed = scope.get("path") == "/files" and b"signature=" in scope.get("query_string", b"")
+            for name, _value in [(b"e2b-sandbox-id", b"")] if signed else scope.get("headers", ()):
+                if name == b"e2b-sandbox-id":
+                    await self.envd(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

@@ -15,7 +15,8 @@ import pytest
 
 from sbx.api.e2b import connect, fs, procs
 from sbx.api.e2b.connect import ConnectError
-from sbx.api.e2b.envd import FilesError, basic_user, parse_multipart
+from sbx.api.e2b.envd import basic_user
+from sbx.api.e2b.files import FilesError, parse_multipart
 from tests.fakes import TOKEN, Api, make_api
 from tests.unit.api.test_files_ports import SpawnNode
 
