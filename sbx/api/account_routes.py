@@ -16,7 +16,7 @@
 
 An account's key sees only its own account (another's id answers 404 ``not_found``); the admin key sees all.
 ``admin`` routes answer 403 ``admin_only`` to an account's key. Suspend, resume and delete (issue 36) are
-:mod:`sbx.control.sandboxes.accountend`; the first account answers them 403 ``protected_account``.
+:mod:`sbx.control.cluster.accountend`; the first account answers them 403 ``protected_account``.
 """
 
 import calendar

@@ -25,7 +25,7 @@ The control plane is split by mechanism; :class:`ControlPlane` combines the part
 - :mod:`sbx.control.sandboxes.execjobs`: execs and detached jobs;
 - collaborators that take the plane as a narrow protocol of their own, made here: routes, files, secrets and
   accounts that end (:mod:`sbx.control.sandboxes.routes`, :mod:`sbx.control.sandboxes.files`,
-  :mod:`sbx.control.secrets.vault`, :mod:`sbx.control.sandboxes.accountend`),
+  :mod:`sbx.control.secrets.vault`, :mod:`sbx.control.cluster.accountend`),
   node drains (:mod:`sbx.control.cluster.drain`) and the sweep of operations a dead replica left in flight
   (:mod:`sbx.control.cluster.orphans`);
 - this module: start (reconcile with the node), settling a row after a crash, sandboxes that ended on their
@@ -40,11 +40,11 @@ from collections.abc import Callable
 from typing import Any
 
 from sbx.config import Settings
+from sbx.control.cluster.accountend import AccountEnds
 from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.drain import Drains
 from sbx.control.cluster.orphans import OrphanSweeper
 from sbx.control.errors import ControlError
-from sbx.control.sandboxes.accountend import AccountEnds
 from sbx.control.sandboxes.activity import Activity
 from sbx.control.sandboxes.execjobs import DEFAULT_EXEC_TIMEOUT, ExecOps
 from sbx.control.sandboxes.files import Files

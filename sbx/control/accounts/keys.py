@@ -13,7 +13,7 @@ through the API.
 An account ends (issue 36) through ``state``: ``active``; ``suspended`` (its keys answer 403
 ``account_suspended``, its sandboxes may not start: :meth:`Accounts.require_active`; ``resume`` lifts it);
 ``deleting`` then ``deleted`` (its keys are removed at once and answer 401; its row stays, so its usage records
-keep a name in the admin's report). What happens to its sandboxes is :mod:`sbx.control.sandboxes.accountend`. The
+keep a name in the admin's report). What happens to its sandboxes is :mod:`sbx.control.cluster.accountend`. The
 first account, :data:`DEFAULT_ACCOUNT`, can be neither suspended nor deleted (403 ``protected_account``).
 
 The request's identity is a :class:`Principal` (account id, key id, admin flag); the API's auth dependency yields

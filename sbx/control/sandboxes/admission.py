@@ -100,7 +100,7 @@ class Admission:
         when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`), 403 ``account_suspended``
         / 409 ``account_deleted`` when the account has ended (:meth:`Accounts.require_active`); else count the start.
         The caller holds ``self.lifecycle.cond``, so two starts never both pass the last free place (nor one an
-        account's suspension, which takes it too: :mod:`sbx.control.sandboxes.accountend`)."""
+        account's suspension, which takes it too: :mod:`sbx.control.cluster.accountend`)."""
         account = self.accounts.require_active(account_id)
         plan = self.plans.get(account.plan) or self.plans["trial"]
         busy = {"provisioning", "running", "resuming", "migrating", "forking"}

@@ -1,6 +1,6 @@
 """Accounts that end (issue 36): ``accounts.state`` (``active``, ``suspended``, ``deleting``, ``deleted``; every
 existing account is ``active``) and ``accounts.state_changed_at`` (when it last changed; null until then). See
-:mod:`sbx.control.accounts.keys` and :mod:`sbx.control.sandboxes.accountend`.
+:mod:`sbx.control.accounts.keys` and :mod:`sbx.control.cluster.accountend`.
 
 Revision ID: 0013_account_state
 Revises: 0012_drains
