@@ -5,7 +5,7 @@
   sandbox, and whether a node has room; ``relocate``: a stopped sandbox's move between two nodes;
 - ``replicas``: seal replicas of stopped sandboxes on a second node; ``trim``: freed space back to the host;
 - ``drain``: emptying a node; ``consolidate`` and ``packing``: emptying a lightly used node onto fuller ones;
-  ``orphans``: operations a dead server replica left in flight;
+  ``orphans``: operations a dead server replica left in flight; ``view``: the part of the plane all of them read;
 - ``accountend``: an account's suspension and deletion (its sandboxes stopped or deleted, its snapshots, secrets
   and routes removed; finished at start after a crash), refused while a drain or migration moves its sandboxes.
 

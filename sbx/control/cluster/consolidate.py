@@ -26,36 +26,24 @@ import threading
 import time
 from typing import Any, Protocol
 
-from sbx.config import Settings
 from sbx.control.cluster import capacity, packing
 from sbx.control.cluster.drain import Drains
 from sbx.control.cluster.packing import CONSOLIDATION_REASON, Held, NodeLoad, Plan, Rules
-from sbx.control.cluster.placement import Candidate
-from sbx.control.cluster.registry import NodeRegistry
-from sbx.control.cluster.router import NodeRouter
+from sbx.control.cluster.view import ClusterView
 from sbx.control.errors import ControlError
-from sbx.control.store.database import Store, iso, utcnow
+from sbx.control.store.database import iso, utcnow
 from sbx.control.store.locks import LeaderLoop
 
 log = logging.getLogger("sbx.consolidate")
 
 
-class ConsolidatedPlane(Protocol):
+class ConsolidatedPlane(ClusterView, Protocol):
     """What :class:`Consolidator` uses of its control plane (:class:`sbx.control.service.ControlPlane` is one):
     store, settings, the nodes and placement's view of them, the drains, and the nodes a live migration can't
     go to."""
 
     @property
-    def settings(self) -> Settings: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def registry(self) -> NodeRegistry: ...
-    @property
-    def router(self) -> NodeRouter: ...
-    @property
     def drains(self) -> Drains: ...
-    def _candidates(self, exclude: str | None = None) -> list[Candidate]: ...
     def _no_api(self) -> dict[str, str]: ...
 
 BACKOFF_PERIODS = 10

@@ -48,14 +48,13 @@ from typing import Any, Protocol
 from sqlalchemy import JSON, DateTime, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from sbx.config import Settings, Size
+from sbx.config import Size
 from sbx.control.cluster import placement
-from sbx.control.cluster.registry import NodeRegistry
 from sbx.control.cluster.relocate import MIGRATE_WAIT
 from sbx.control.cluster.replicas import ReplicaBook
-from sbx.control.cluster.router import NodeRouter
+from sbx.control.cluster.view import ClusterView
 from sbx.control.errors import ControlError
-from sbx.control.store.database import Base, SandboxRow, Store, iso, utcnow
+from sbx.control.store.database import Base, SandboxRow, iso, utcnow
 from sbx.control.store.locks import LeaderLock
 from sbx.control.store.state import TRANSIENT, Lifecycle
 from sbx.node.types import NodeError
@@ -81,21 +80,13 @@ class DrainRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
-class DrainPlane(Protocol):
+class DrainPlane(ClusterView, Protocol):
     """What a drain uses of its control plane (:class:`sbx.control.service.ControlPlane` is one): the nodes, the
     store and lifecycle, placement's view of the nodes, and the two moves (live migration, a stopped sandbox's
     move)."""
 
     @property
-    def settings(self) -> Settings: ...
-    @property
-    def store(self) -> Store: ...
-    @property
     def lifecycle(self) -> Lifecycle: ...
-    @property
-    def registry(self) -> NodeRegistry: ...
-    @property
-    def router(self) -> NodeRouter: ...
     @property
     def replicas(self) -> ReplicaBook: ...
     @property
@@ -103,7 +94,6 @@ class DrainPlane(Protocol):
     def get(self, sandbox_id: str) -> SandboxRow: ...
     def migrate(self, sandbox_id: str, wait: float | None = None, prefer: str | None = None,
                 reason: str | None = None, to: str | None = None) -> SandboxRow: ...
-    def _candidates(self, exclude: str | None = None) -> list[placement.Candidate]: ...
     def _size(self, name: str) -> Size: ...
     def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None,
               replica: bool = False) -> None: ...

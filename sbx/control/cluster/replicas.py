@@ -37,10 +37,8 @@ from typing import Any, Protocol
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, String, delete, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from sbx.config import Settings
-from sbx.control.cluster.placement import Candidate, fingerprint_matches
-from sbx.control.cluster.registry import NodeRegistry
-from sbx.control.cluster.router import NodeRouter
+from sbx.control.cluster.placement import fingerprint_matches
+from sbx.control.cluster.view import ClusterView
 from sbx.control.store.database import Base, SandboxRow, Store, as_utc, utcnow
 from sbx.control.store.locks import LeaderLoop
 from sbx.control.store.state import TRANSIENT
@@ -132,21 +130,12 @@ class ReplicaBook:
             s.execute(delete(LeftoverRow).where(LeftoverRow.sandbox_id == sandbox_id, LeftoverRow.node == node))
 
 
-class ReplicatedPlane(Protocol):
+class ReplicatedPlane(ClusterView, Protocol):
     """What :class:`Replicator` uses of its control plane (:class:`sbx.control.service.ControlPlane` is one): the
     store, settings, the nodes and placement's view of them, and the book of replicas."""
 
     @property
-    def settings(self) -> Settings: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def registry(self) -> NodeRegistry: ...
-    @property
-    def router(self) -> NodeRouter: ...
-    @property
     def replicas(self) -> ReplicaBook: ...
-    def _candidates(self, exclude: str | None = None) -> list[Candidate]: ...
 
 
 class Replicator(LeaderLoop):
