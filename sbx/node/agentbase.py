@@ -214,12 +214,14 @@ class NodeBase:
         return network.lease_from_json(json.dumps(self._record(sid)["lease"]))
 
     def _new_lease(self, sid: str) -> dict[str, str]:
-        """A free address on the bridge; call with ``_lease_lock`` held until the record holding it is saved."""
+        """A free address on the bridge (none a sandbox's record or a build's claim holds); call with ``_lease_lock``
+        held until the record holding it is saved."""
         taken = set()
-        for rec in self.sandboxes_dir.glob("*/node.json"):
+        # sandboxes' records, and image builds' claims (sbx.node.images.reserve: their RUN steps' namespace)
+        for rec in [*self.sandboxes_dir.glob("*/node.json"), *(self.settings.node_dir / "builds").glob("*.json")]:
             try:
                 taken.add(json.loads(rec.read_text())["lease"]["address"])
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
         addr = network.allocate(self.settings.subnet, taken)
         gw = str(network.gateway_of(self.settings.subnet).ip)

@@ -33,10 +33,12 @@ log = logging.getLogger("sbx.node")
 
 
 def taken_uid_bases(volume: Path) -> set[int]:
-    """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*/node.json``);
-    a record without one (identity map) counts as 0, unreadable records are skipped."""
+    """``uidBase`` of every sandbox record of every node on this host (``<volume>/nodes/*/sandboxes/*/node.json``)
+    and of every image build's claim (``<volume>/nodes/*/builds/*.json``, :mod:`sbx.node.images.reserve`); a record
+    without one (identity map) counts as 0, unreadable records are skipped."""
     taken = set()
-    for p in (volume / "nodes").glob("*/sandboxes/*/node.json"):
+    nodes = volume / "nodes"
+    for p in [*nodes.glob("*/sandboxes/*/node.json"), *nodes.glob("*/builds/*.json")]:
         try:
             taken.add(int(json.loads(p.read_text()).get("uidBase", 0)))
         except (OSError, ValueError, TypeError, AttributeError):

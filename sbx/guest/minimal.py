@@ -1,0 +1,27 @@
+"""The minimal init: how a sandbox of an image without systemd (and without apt to add it) runs.
+
+An image that has neither systemd nor apt (a busybox or musl image) gets, from the sbx layer
+(:mod:`sbx.node.images.layer`), ``/usr/lib/sbx/tini`` (a static tini) and ``/usr/lib/sbx/sbx-init`` (a POSIX sh
+script, ``files/usr/lib/sbx/sbx-init``). The node boots it with :data:`MINIMAL_INIT_ARGS` as the OCI process and
+waits for :data:`MINIMAL_READY_FILE` instead of ``systemctl is-system-running``.
+
+What such a sandbox has: tini as PID 1 (it reaps orphans and forwards signals to the script's process group, ``-g``);
+sshd when the image has one (host keys made at first boot); the exec agent (``/usr/lib/sbx/sbx-agent``) when the image
+has ``python3``; ``sbx exec`` through runc otherwise. What it lacks: systemd units and everything built on them
+(journald, logind sessions, timers, ``systemctl``), detached jobs that outlive the exec agent, and the first-boot
+identity service (the node writes hostname and machine id before boot as for every sandbox). Stopping: the node sends
+signal 37 (``SIGRTMIN+3``, systemd's halt) or ``SIGTERM``; the script stops its children and exits, tini exits with it.
+"""
+
+from __future__ import annotations
+
+#: Where the sbx layer puts the static tini in the image.
+MINIMAL_TINI = "/usr/lib/sbx/tini"
+#: The init script (``files/usr/lib/sbx/sbx-init``) in the image.
+MINIMAL_INIT_SCRIPT = "/usr/lib/sbx/sbx-init"
+#: The OCI process args of a sandbox whose image's init is ``minimal``.
+MINIMAL_INIT_ARGS = (MINIMAL_TINI, "-g", "--", "/bin/sh", MINIMAL_INIT_SCRIPT)
+#: The file the init script creates once sshd and the exec agent (those the image has) are started.
+MINIMAL_READY_FILE = "/run/sbx-init.ready"
+#: The signals the init script stops on: SIGTERM and SIGRTMIN+3 (37, how the node asks for a halt).
+MINIMAL_STOP_SIGNALS = (15, 37)
