@@ -1,7 +1,9 @@
 """The hosted-port proxy: an HTTP/1.1 listener (``settings.proxy_port``) that routes by ``Host`` header.
 
 ``Host: <port>-<subdomain>.<domain>`` reaches ``<port>`` of the sandbox with that subdomain, at its address on the
-node's bridge, when the sandbox has a route for that port (:mod:`sbx.control.sandboxes.routes`). In production a TLS
+node's bridge, when the sandbox has a route for that port (:mod:`sbx.control.sandboxes.routes`). E2B's SDK's name
+of the same port, ``<port>-<E2B sandboxID>.<domain>`` (``Sandbox.get_host``), is another name of that route
+(:func:`sbx.api.e2b.hosts.native_host`). In production a TLS
 terminator for ``*.<domain>`` forwards to this listener.
 
 Per connection the proxy reads one request head (parsed with h11), decides, then pipes bytes both ways, so bodies
@@ -35,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import h11
 
+from sbx.api.e2b.hosts import native_host
 from sbx.api.sessions import SESSION_COOKIE
 from sbx.config import Settings
 from sbx.control.errors import ControlError
@@ -182,9 +185,11 @@ class Proxy:
         headers = [(k.lower(), v) for k, v in req.headers.raw_items()]
         host = next((v for k, v in headers if k == b"host"), b"").decode("latin-1")
         cp = self.control
-        found = await asyncio.to_thread(cp.routes.resolve, host)
+        # E2B's name of a port (sbx.api.e2b.hosts) is another name of the same route: same checks, same tokens
+        name = await asyncio.to_thread(native_host, cp, host) or host
+        found = await asyncio.to_thread(cp.routes.resolve, name)
         if found is None:
-            if await asyncio.to_thread(cp.routes.account_ended, host):  # issue 36: its tokens open nothing now
+            if await asyncio.to_thread(cp.routes.account_ended, name):  # issue 36: its tokens open nothing now
                 writer.write(_error(401, "unauthorized", "the account of this hosted port was deleted; its port "
                                     "tokens no longer open anything"))
                 await writer.drain()
