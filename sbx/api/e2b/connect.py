@@ -4,8 +4,9 @@ public description, https://connectrpc.com/docs/protocol).
 - **Unary**: ``POST /<package>.<Service>/<Method>`` with ``Content-Type: application/json`` and the request message
   as proto3 JSON; the answer is ``200`` with the response message as JSON, or an error status with
   ``{"code": "<connect code>", "message": "..."}`` (:func:`unary_error`).
-- **Server streaming**: ``Content-Type: application/connect+json``; the request body and every response message
-  are *envelopes*: one flags byte, a 4-byte big-endian length, then that many bytes of JSON. The response always
+- **Server streaming** and **client streaming**: ``Content-Type: application/connect+json``; the request body
+  (one message, or a client stream's several: :class:`EnvelopeReader`) and every response message are
+  *envelopes*: one flags byte, a 4-byte big-endian length, then that many bytes of JSON. The response always
   has status 200 and ends with an envelope whose flags have :data:`END_STREAM` set, carrying ``{}`` or
   ``{"error": {"code","message"}}`` (:func:`end_frame`).
 
@@ -60,24 +61,44 @@ def end_frame(error: ConnectError | None = None) -> bytes:
 
 def parse_envelopes(body: bytes) -> list[dict[str, Any]]:
     """The JSON messages of a request body made of envelopes (a server-streaming call carries exactly one).
-    Raises :class:`ConnectError` ``invalid_argument`` for a truncated envelope, a compressed one, one over
-    :data:`MAX_MESSAGE` bytes or one that is not a JSON object."""
-    out: list[dict[str, Any]] = []
-    at = 0
-    while at < len(body):
-        if len(body) - at < 5:
-            raise ConnectError("invalid_argument", "truncated envelope: fewer than 5 header bytes")
-        flags, size = struct.unpack(">BI", body[at:at + 5])
-        if flags & COMPRESSED:
-            raise ConnectError("invalid_argument", "compressed messages are not supported (use identity)")
-        if size > MAX_MESSAGE:
-            raise ConnectError("resource_exhausted", f"message of {size} bytes is over {MAX_MESSAGE}")
-        if len(body) - at - 5 < size:
-            raise ConnectError("invalid_argument", f"truncated envelope: {size} bytes announced, "
-                               f"{len(body) - at - 5} sent")
-        out.append(parse_json(body[at + 5:at + 5 + size]))
-        at += 5 + size
+    Raises :class:`ConnectError` ``invalid_argument`` for a truncated envelope, a compressed one or one that is
+    not a JSON object, ``resource_exhausted`` for one over :data:`MAX_MESSAGE` bytes."""
+    reader = EnvelopeReader()
+    out = reader.feed(body)
+    reader.close()
     return out
+
+
+class EnvelopeReader:
+    """The messages of a client stream's body as its pieces arrive (:meth:`feed`); :meth:`close` at its end."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, piece: bytes) -> list[dict[str, Any]]:
+        """The messages completed by ``piece``. Raises :class:`ConnectError` as :func:`parse_envelopes`."""
+        self.buffer.extend(piece)
+        out: list[dict[str, Any]] = []
+        while len(self.buffer) >= 5:
+            flags, size = struct.unpack(">BI", self.buffer[:5])
+            if flags & COMPRESSED:
+                raise ConnectError("invalid_argument", "compressed messages are not supported (use identity)")
+            if size > MAX_MESSAGE:
+                raise ConnectError("resource_exhausted", f"message of {size} bytes is over {MAX_MESSAGE}")
+            if len(self.buffer) < 5 + size:
+                break
+            out.append(parse_json(bytes(self.buffer[5:5 + size])))
+            del self.buffer[:5 + size]
+        return out
+
+    def close(self) -> None:
+        """The body has ended: ``invalid_argument`` when it ended inside an envelope."""
+        if 0 < len(self.buffer) < 5:
+            raise ConnectError("invalid_argument", "truncated envelope: fewer than 5 header bytes")
+        if self.buffer:
+            size = struct.unpack(">I", self.buffer[1:5])[0]
+            raise ConnectError("invalid_argument", f"truncated envelope: {size} bytes announced, "
+                               f"{len(self.buffer) - 5} sent")
 
 
 def parse_json(data: bytes) -> dict[str, Any]:

@@ -17,7 +17,8 @@ Served (envd's contract, ``packages/envd/spec`` in e2b-dev/infra):
   ``path`` is given) or ``application/octet-stream`` (``Content-Encoding: gzip`` allowed); 200 ``[{"path","name",
   "type":"file"}]``.
 - Connect RPCs (:mod:`sbx.api.e2b.connect`, JSON codec): ``process.Process/`` ``Start`` and ``Connect`` (server
-  streams), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin``, ``Update`` (a pty's size)
+  streams), ``StreamInput`` (a client stream), ``List``, ``SendSignal``, ``SendInput``, ``CloseStdin``,
+  ``Update`` (a pty's size)
   (:mod:`sbx.api.e2b.procs`);
   ``filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``, ``Remove`` (:mod:`sbx.api.e2b.fs`),
   ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` and the ``WatchDir`` stream
@@ -50,6 +51,7 @@ import sbx.api.e2b.procs as procs
 from sbx.api.e2b.connect import (
     STREAM_TYPE,
     ConnectError,
+    EnvelopeReader,
     end_frame,
     frame,
     parse_envelopes,
@@ -74,6 +76,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ENVD_PORT = 49983
 KEEPALIVE_DEFAULT = 50.0
+STREAM_INPUT = "process.Process/StreamInput"
+"""The one client-streaming call."""
 STREAMS = {"process.Process/Start", "process.Process/Connect", "filesystem.Filesystem/WatchDir"}
 UNARY = {"process.Process/List", "process.Process/SendSignal", "process.Process/SendInput",
          "process.Process/CloseStdin", "process.Process/Update", "filesystem.Filesystem/Stat",
@@ -216,10 +220,14 @@ class Envd(FilesRoutes):
         """One Connect call of :data:`STREAMS` or :data:`UNARY`."""
         if request.method != "POST":
             return http_error(405, "Connect calls use POST")
-        if method not in STREAMS and method not in UNARY:
+        if method not in STREAMS and method not in UNARY and method != STREAM_INPUT:
             raise ConnectError("unimplemented", f"{method[:80]} is not implemented by sbx")
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         user = self._rpc_user(request)
+        if method == STREAM_INPUT:
+            if ctype != STREAM_TYPE:
+                return http_error(415, f"client-streaming calls take {STREAM_TYPE}")
+            return await self._stream_input(request, sid)
         body = await request.body()
         if method in STREAMS:
             if ctype != STREAM_TYPE:
@@ -236,6 +244,36 @@ class Envd(FilesRoutes):
         message = parse_json(body)
         result = await run_in_threadpool(self._unary, sid, method, message, user)
         return JSONResponse(result)
+
+    async def _stream_input(self, request: Request, sid: str) -> Response:
+        """``StreamInput``, a client stream: a ``start`` message naming the process, then ``data`` messages (and
+        ``keepalive`` ones), each written to the process's stdin as it arrives; the answer is one ``{}`` and the
+        end of stream, or the end of stream with the error that stopped it (what came before it is written)."""
+        reader = EnvelopeReader()
+        proc: procs.Proc | None = None
+        error: ConnectError | None = None
+        try:
+            async for piece in request.stream():
+                for m in reader.feed(piece):
+                    if proc is None:
+                        start = m.get("start")
+                        if not isinstance(start, dict):
+                            raise ConnectError("invalid_argument", "the first message must be start {process}")
+                        proc = await run_in_threadpool(procs.find, self.cp, sid, start.get("process"))
+                    elif isinstance(m.get("data"), dict):
+                        data = procs.input_bytes(m["data"].get("input"))
+                        if data:
+                            await run_in_threadpool(procs.write_input, self.cp, sid, proc, data)
+                    elif "keepalive" not in m:
+                        raise ConnectError("invalid_argument", "a message after start is data or keepalive")
+            reader.close()
+            if proc is None:
+                raise ConnectError("invalid_argument", "the stream has no start message")
+        except ConnectError as e:
+            error = e
+        except ControlError as e:
+            error = procs.control_to_connect(e)
+        return Response((frame({}) if error is None else b"") + end_frame(error), media_type=STREAM_TYPE)
 
     def _unary(self, sid: str, method: str, m: dict[str, Any], user: str) -> dict[str, Any]:
         if method == "process.Process/List":

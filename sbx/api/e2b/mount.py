@@ -8,6 +8,7 @@ import sbx.api.e2b.envd as envd
 import sbx.api.e2b.routes as routes
 from sbx.api.auth import Gate
 from sbx.api.e2b.envd import ASGIApp, Receive, Scope, Send
+from sbx.api.e2b.lifecycle import TimeoutKills
 from sbx.api.e2b.tokens import load_secret
 from sbx.control.service import ControlPlane
 
@@ -16,11 +17,13 @@ PREFIX = "/e2b"
 
 def mount(app: FastAPI, cp: ControlPlane, gate: Gate) -> None:
     """Serve E2B's REST API under :data:`PREFIX` of ``app`` and envd's calls (requests with ``E2b-Sandbox-Id``)
-    on every path of it, keys checked by ``gate``. Makes the access-token secret on first use
+    on every path of it, keys checked by ``gate``; while ``app`` runs, sandboxes created with ``autoPause: false``
+    are killed at their timeout (:mod:`sbx.api.e2b.lifecycle`). Makes the access-token secret on first use
     (:func:`sbx.api.e2b.tokens.load_secret`)."""
     secret = load_secret(cp.settings.state_dir)
     app.mount(PREFIX, routes.create_app(cp, secret, gate))
     app.add_middleware(Dispatch, envd=envd.Envd(cp, secret))
+    TimeoutKills(cp).around(app)  # sandboxes created with autoPause false are killed at their timeout
 
 
 class Dispatch:

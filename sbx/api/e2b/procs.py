@@ -289,14 +289,23 @@ def send_input(cp: ControlPlane, sandbox_id: str, request: dict[str, Any]) -> No
     """``SendInput``: the bytes of ``input.stdin`` or ``input.pty`` (base64) to the process's stdin pipe (a pty
     process's terminal reads it). ``not_found`` for a process that does not run, ``failed_precondition`` when it
     was started without ``stdin`` or its stdin is closed."""
-    given = request.get("input")
+    data = input_bytes(request.get("input"))
+    write_input(cp, sandbox_id, find(cp, sandbox_id, request.get("process")), data)
+
+
+def input_bytes(given: Any) -> bytes:
+    """The bytes of a ``ProcessInput`` (``{"stdin": base64}`` or ``{"pty": base64}``); ``invalid_argument``
+    otherwise."""
     if not isinstance(given, dict) or not isinstance(given.get("stdin", given.get("pty")), str):
         raise ConnectError("invalid_argument", "input must be {stdin: base64} or {pty: base64}")
     try:
-        data = base64.b64decode(given.get("stdin", given.get("pty")), validate=True)
+        return base64.b64decode(given.get("stdin", given.get("pty")), validate=True)
     except (binascii.Error, ValueError):
         raise ConnectError("invalid_argument", "input.stdin must be base64") from None
-    proc = find(cp, sandbox_id, request.get("process"))
+
+
+def write_input(cp: ControlPlane, sandbox_id: str, proc: Proc, data: bytes) -> None:
+    """Write ``data`` to the stdin pipe of ``proc``; ``failed_precondition`` when it has none open."""
     d = stdin_dir(proc.pid)
     code, _out, _err = run_root(cp, sandbox_id, f'd={d}; [ -p "$d/stdin" ] && [ -s "$d/holder" ] || exit 44; '
                                 f'kill -0 "$(cat "$d/holder")" 2>/dev/null || exit 44; '

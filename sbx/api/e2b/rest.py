@@ -26,8 +26,9 @@ wrong-key throttle); a key sees only its account's sandboxes (the admin key: all
 is E2B's ``{"code": <status>, "message"}``; a body or query that is not what E2B sends is 400.
 
 A sandbox's ``timeout`` becomes sbx's ttl: seconds *without activity* before it stops keeping its memory (E2B:
-seconds before it is killed, or paused with ``autoPause``). So an E2B sandbox on sbx is never killed by its timeout;
-it pauses, and ``connect`` resumes it.
+seconds before it is killed, or paused with ``autoPause``). So by default an E2B sandbox on sbx pauses at its
+timeout, and ``connect`` resumes it; one created with ``autoPause: false`` is killed then, as on E2B
+(:mod:`sbx.api.e2b.lifecycle`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+import sbx.api.e2b.lifecycle as lifecycle
 from sbx.api.auth import check_sandbox, client_address
 from sbx.api.e2b.tokens import access_token
 from sbx.api.errors import validation_error
@@ -124,13 +126,14 @@ class Api:
         return {"templateID": row.type, "alias": row.type, "sandboxID": row.id, "clientID": CLIENT_ID,
                 "startedAt": iso(started), "endAt": iso(max(end, started)), "cpuCount": cpus, "memoryMB": mem,
                 "diskSizeMB": disk, "state": "paused" if row.state in PAUSED else "running",
-                "envdVersion": ENVD_VERSION, "metadata": dict(row.labels or {})}
+                "envdVersion": ENVD_VERSION, "metadata": lifecycle.metadata(row)}
 
     def detail(self, row: SandboxRow) -> dict[str, Any]:
         """E2B's ``SandboxDetail``."""
         return {**self.listed(row), "envdAccessToken": access_token(self.secret, row.id), "domain": None,
                 "allowInternetAccess": True,
-                "lifecycle": {"autoResume": bool(row.auto_resume), "onTimeout": "pause"}}
+                "lifecycle": {"autoResume": bool(row.auto_resume),
+                              "onTimeout": "kill" if lifecycle.kills_on_timeout(row) else "pause"}}
 
     def settle(self, sandbox_id: str) -> SandboxRow:
         """Wait for the sandbox's operation to end; its error as an E2B error."""
@@ -160,10 +163,18 @@ class Api:
         auto_resume = body.get("autoResume") or {}
         if not isinstance(auto_resume, dict) or not isinstance(auto_resume.get("enabled", False), bool):
             raise E2BError(400, "autoResume must be {\"enabled\": bool}")
+        auto_pause = body.get("autoPause", True)
+        if not isinstance(auto_pause, bool):
+            raise E2BError(400, "autoPause must be true or false")
+        labels = body.get("metadata") or None
+        if isinstance(labels, dict) and lifecycle.ON_TIMEOUT in labels:
+            raise E2BError(400, f"metadata key {lifecycle.ON_TIMEOUT} is sbx's own (autoPause false sets it)")
+        if not auto_pause:  # killed at the timeout, as on E2B (lifecycle.TimeoutKills)
+            labels = {**(labels if isinstance(labels, dict) else {}), lifecycle.ON_TIMEOUT: lifecycle.KILL}
         try:
             spec = CreateSandbox.model_validate({
                 "type": size, "ttl": timeout, "env": body.get("envVars") or None,
-                "labels": body.get("metadata") or None, "autoResume": auto_resume.get("enabled", False)})
+                "labels": labels, "autoResume": auto_resume.get("enabled", False)})
         except ValidationError as e:
             _status, _code, message, _field = validation_error(list(e.errors()))
             raise E2BError(400, message.replace("labels", "metadata").replace("env", "envVars")) from None
@@ -229,14 +240,17 @@ class Api:
                 raise
 
     def set_timeout(self, who: Principal, sandbox_id: str, body: dict[str, Any]) -> None:
-        """Make ``timeout`` the sandbox's ttl; 0 (E2B: "time out now") pauses a running sandbox now, in the
-        background, as its timeout would (sbx's ttl 0 would mean "never")."""
+        """Make ``timeout`` the sandbox's ttl; 0 (E2B: "time out now") does now, in the background, what its
+        timeout would: pause a running sandbox, or kill one created with ``autoPause`` false (sbx's ttl 0 would
+        mean "never")."""
         timeout = body.get("timeout")
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 10 * 365 * 86400:
             raise E2BError(400, "timeout must be a whole number of seconds >= 0")
         row = self.row(who, sandbox_id)
         if timeout == 0:
-            if row.state == "running":
+            if lifecycle.kills_on_timeout(row):
+                self.cp.delete(sandbox_id)
+            elif row.state == "running":
                 self.cp.stop(sandbox_id, keep_memory=True, reason="idle")
             return
         self.cp.store.update_sandbox(sandbox_id, ttl=timeout)
