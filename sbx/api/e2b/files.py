@@ -1,10 +1,12 @@
 """envd's plain-HTTP ``/files`` calls of the E2B compatibility layer (:mod:`sbx.api.e2b.envd` serves them):
 download a file, upload one (``application/octet-stream``, gzip allowed) or several (``multipart/form-data``),
+with file metadata from ``X-Metadata-*`` headers (:func:`sbx.api.e2b.fs.set_metadata`),
 through the control plane's file calls (:mod:`sbx.control.sandboxes.files`) as ``user`` or ``root``. Errors are
 envd's ``{"code": status, "message"}``."""
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,13 @@ if TYPE_CHECKING:
 
 USERS = ("user", "root")
 """The users an E2B call may name (``username``/``user``, or Basic auth): the sbx image's two."""
+METADATA_HEADER = "x-metadata-"
+"""Headers of file metadata (lowercase, as the server sees them)."""
+METADATA_KEY = re.compile(r"\A[a-z0-9!#$%&'*+\-.^_`|~]{1,200}\Z")
+METADATA_VALUE = re.compile(r"\A[\x20-\x7e]*\Z")
+METADATA_MAX = 64
+METADATA_BYTES = 3000
+"""Most metadata keys, and key and value bytes, an upload may set (what fits in one ext4 attribute block)."""
 UPLOAD_MAX = 256 << 20
 """Largest multipart upload accepted, in bytes (it is parsed in memory; octet-stream uploads stream and have no
 limit)."""
@@ -67,14 +76,13 @@ class FilesRoutes:
             user = self._files_user(request)
             path = request.query_params.get("path")
             ctype = request.headers.get("content-type", "")
-            if any(k.lower().startswith("x-metadata-") for k in request.headers):
-                raise FilesError(400, "file metadata (X-Metadata-* headers) is not supported by sbx yet")
+            metadata = upload_metadata(request)
             if ctype.lower().startswith("application/octet-stream"):
                 if not path:
                     raise FilesError(400, "path is required for an application/octet-stream upload")
                 p = fs.absolute(path, user)
                 await self._write_stream(request, sid, p, user)
-                return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"}])
+                return await self._written(sid, [p], metadata, user)
             if not ctype.lower().startswith("multipart/form-data"):
                 raise FilesError(400, "the body must be multipart/form-data or application/octet-stream")
             body = bytearray()
@@ -95,14 +103,26 @@ class FilesRoutes:
                     raise FilesError(400, "a part without filename needs the path parameter")
                 p = fs.absolute(target, user)
                 await run_in_threadpool(self._write_all, sid, p, user, data)
-                written.append({"path": p, "name": p.rsplit("/", 1)[-1], "type": "file"})
-            return JSONResponse(written)
+                written.append(p)
+            return await self._written(sid, written, metadata, user)
         except FilesError as e:
             return http_error(e.status, e.message)
         except ConnectError as e:
             return http_error(400, e.message)
         except ControlError as e:
             return _files_error(e, path or "")
+
+    async def _written(self, sid: str, paths: list[str], metadata: dict[str, str], user: str) -> JSONResponse:
+        """The upload's answer for the files written at ``paths``, after giving them ``metadata`` (if any)."""
+        if metadata:
+            try:
+                await run_in_threadpool(fs.set_metadata, self.cp, sid, paths, metadata, user)
+            except ConnectError as e:
+                if e.code == "unavailable":
+                    raise
+                raise FilesError(400, f"the file was written, but its metadata was refused: {e.message}") from None
+        return JSONResponse([{"path": p, "name": p.rsplit("/", 1)[-1], "type": "file",
+                              **({"metadata": metadata} if metadata else {})} for p in paths])
 
     def _write_all(self, sid: str, path: str, user: str, data: bytes) -> None:
         writer = self.cp.files.open_write(sid, path, user)
@@ -139,6 +159,19 @@ class FilesError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def upload_metadata(request: Request) -> dict[str, str]:
+    """The file metadata of an upload: its ``X-Metadata-<key>`` headers, keys lowercased (envd's rule); 400 for a
+    key or value the SDK would not send (keys of HTTP token characters, printable ASCII values) or too much."""
+    found = {k[len(METADATA_HEADER):]: v for k, v in request.headers.items() if k.startswith(METADATA_HEADER)}
+    for key, value in found.items():
+        if not METADATA_KEY.match(key) or not METADATA_VALUE.match(value):
+            raise FilesError(400, f"invalid file metadata {key[:60]!r}: keys are HTTP token characters, values "
+                             "printable ASCII")
+    if len(found) > METADATA_MAX or sum(len(k) + len(v) for k, v in found.items()) > METADATA_BYTES:
+        raise FilesError(400, f"too much file metadata: at most {METADATA_MAX} keys and {METADATA_BYTES} bytes")
+    return found
 
 
 def _files_error(e: ControlError, path: str) -> JSONResponse:

@@ -6,12 +6,18 @@ arguments; a relative path (or ``~``) is relative to the user's home, as in envd
 Each program prints ``find -printf`` records of NUL-separated fields (:data:`FIELDS`) and exits with one of
 :data:`CODES` for the failures envd reports with a Connect code of its own (``not_found``, ``already_exists``,
 ``invalid_argument``).
+
+File metadata (envd 0.6.2) is the file's ``user.e2b.<key>`` extended attributes: an upload with ``X-Metadata-<key>``
+headers sets them (:func:`set_metadata`), and every entry answered carries them as ``metadata``. Reading them takes
+a ``python3`` in the sandbox, so a listing looks for them only in a sandbox where an upload has set some (it left
+:data:`META_MARK`): attributes set by hand in a sandbox that never had metadata uploaded are not seen.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import posixpath
 import shlex
 import stat as st
@@ -28,6 +34,28 @@ FIELDS = r"%Y\0%y\0%s\0%m\0%u\0%g\0%T@\0%p\0%l\0"
 """Per entry: type (symlinks followed), own type, size, permission bits (octal), owner, group, mtime, path,
 symlink target."""
 NFIELDS = 9
+META_MARK = "/var/lib/sbx-e2b/metadata"
+"""Left in a sandbox by its first metadata upload: its listings then read ``user.e2b.*`` attributes too."""
+XATTR_PREFIX = "user.e2b."
+_META_SEP = b"\0\0sbx-e2b-metadata\0\0"
+_READ_XATTRS = (
+    "import os,sys\n"
+    "for p in sys.stdin.buffer.read().split(b'\\0'):\n"
+    "  try: names=os.listxattr(p) if p else []\n"
+    "  except OSError: names=[]\n"
+    "  for n in names:\n"
+    f"    if not n.startswith('{XATTR_PREFIX}'): continue\n"
+    "    try: v=os.getxattr(p,n)\n"
+    "    except OSError: continue\n"
+    f"    sys.stdout.buffer.write(p+b'\\0'+n[{len(XATTR_PREFIX)}:].encode()+b'\\0'+v+b'\\0')\n"
+)
+"""Prints ``path NUL key NUL value NUL`` for each ``user.e2b.*`` attribute of the NUL-separated paths it reads."""
+_WRITE_XATTRS = (
+    "import base64,json,os,sys\n"
+    "d=json.loads(base64.b64decode(sys.argv[1]))\n"
+    "for p in d['paths']:\n"
+    f"  for k,v in d['metadata'].items(): os.setxattr(p,'{XATTR_PREFIX}'+k,v.encode())\n"
+)
 CODES = {44: ("not_found", "no such file or directory"), 45: ("already_exists", "already exists"),
          46: ("invalid_argument", "not a directory")}
 _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
@@ -56,8 +84,23 @@ def permissions(kind: str, mode: int) -> str:
     return _KIND_CHAR.get(kind, "-") + st.filemode(mode)[1:]
 
 
+def listing(where: str) -> str:
+    """The shell program printing the records of ``find WHERE`` (its arguments, already quoted), then, in a
+    sandbox with :data:`META_MARK`, the ``user.e2b.*`` attributes of the same paths."""
+    return (f"find {where} -printf '{FIELDS}' && {{ [ ! -e {META_MARK} ] || {{ printf "
+            f"'\\000\\000sbx-e2b-metadata\\000\\000'; find {where} -printf '%p\\0' | "
+            f"python3 -IS -c {shlex.quote(_READ_XATTRS)}; }}; }}")
+
+
 def entries(raw: bytes) -> list[dict[str, Any]]:
-    """``EntryInfo`` messages (proto3 JSON) from the program's NUL-separated records."""
+    """``EntryInfo`` messages (proto3 JSON) from the records a :func:`listing` printed (with ``metadata`` for
+    entries that have some)."""
+    raw, _, meta = raw.partition(_META_SEP)
+    found: dict[str, dict[str, str]] = {}
+    triples = meta.split(b"\0")
+    for i in range(0, len(triples) - 2, 3):
+        path, key, value = (t.decode("utf-8", "surrogateescape") for t in triples[i:i + 3])
+        found.setdefault(path, {})[key] = value
     parts = raw.split(b"\0")
     out = []
     for i in range(0, len(parts) - NFIELDS + 1, NFIELDS):
@@ -76,6 +119,8 @@ def entries(raw: bytes) -> list[dict[str, Any]]:
         }
         if own == "l":
             entry["symlinkTarget"] = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        if path in found:
+            entry["metadata"] = found[path]
         out.append(entry)
     return out
 
@@ -116,7 +161,7 @@ def stat(cp: ControlPlane, sandbox_id: str, path: str, user: str) -> dict[str, A
     """``StatResponse`` ``{"entry"}`` of ``path``; ``not_found`` when it does not exist."""
     p = absolute(path, user)
     raw = run(cp, sandbox_id, f'p={_q(p)}; [ -e "$p" ] || [ -L "$p" ] || exit 44; '
-                              f"find \"$p\" -maxdepth 0 -printf '{FIELDS}'", user)
+                              + listing('"$p" -maxdepth 0'), user)
     found = entries(raw)
     if not found:
         raise ConnectError("not_found", f"{p}: no such file or directory")
@@ -131,7 +176,7 @@ def list_dir(cp: ControlPlane, sandbox_id: str, path: str, depth: Any, user: str
     if not isinstance(levels, int) or isinstance(levels, bool) or not 1 <= levels <= 64:
         raise ConnectError("invalid_argument", "depth must be an integer from 1 to 64")
     raw = run(cp, sandbox_id, f'p={_q(p)}; [ -e "$p" ] || exit 44; [ -d "$p" ] || exit 46; '
-                              f"find -H \"$p\" -mindepth 1 -maxdepth {levels} -printf '{FIELDS}'", user)
+                              + listing(f'-H "$p" -mindepth 1 -maxdepth {levels}'), user)
     return {"entries": sorted(entries(raw), key=lambda e: e["path"])}
 
 
@@ -139,7 +184,7 @@ def make_dir(cp: ControlPlane, sandbox_id: str, path: str, user: str) -> dict[st
     """``MakeDirResponse`` ``{"entry"}``: ``path`` made with its parents; ``already_exists`` when it exists."""
     p = absolute(path, user)
     raw = run(cp, sandbox_id, f'p={_q(p)}; {{ [ -e "$p" ] || [ -L "$p" ]; }} && exit 45; mkdir -p -- "$p" && '
-                              f"find \"$p\" -maxdepth 0 -printf '{FIELDS}'", user)
+                              + listing('"$p" -maxdepth 0'), user)
     return {"entry": (entries(raw) or [{}])[0]}
 
 
@@ -149,7 +194,7 @@ def move(cp: ControlPlane, sandbox_id: str, source: str, destination: str, user:
     s, d = absolute(source, user, "source"), absolute(destination, user, "destination")
     raw = run(cp, sandbox_id, f's={_q(s)}; d={_q(d)}; [ -e "$s" ] || [ -L "$s" ] || exit 44; '
                               'mkdir -p -- "$(dirname -- "$d")" && mv -T -- "$s" "$d" && '
-                              f"find \"$d\" -maxdepth 0 -printf '{FIELDS}'", user)
+                              + listing('"$d" -maxdepth 0'), user)
     return {"entry": (entries(raw) or [{}])[0]}
 
 
@@ -161,3 +206,12 @@ def remove(cp: ControlPlane, sandbox_id: str, path: str, user: str) -> dict[str,
         raise ConnectError("invalid_argument", "refusing to remove /")
     run(cp, sandbox_id, f'rm -rf -- {_q(p)}', user)
     return {}
+
+
+def set_metadata(cp: ControlPlane, sandbox_id: str, paths: list[str], metadata: dict[str, str], user: str) -> None:
+    """Give each of ``paths`` the ``user.e2b.<key>`` attributes of ``metadata`` (as ``user``, who just wrote them),
+    and leave :data:`META_MARK` so that listings read them. ``failed_precondition`` when the filesystem refuses
+    them (too long, too many)."""
+    data = base64.b64encode(json.dumps({"paths": paths, "metadata": metadata}).encode()).decode()
+    run(cp, sandbox_id, f"python3 -IS -c {_q(_WRITE_XATTRS)} {data}", user)
+    run(cp, sandbox_id, f"mkdir -p -- {_q(posixpath.dirname(META_MARK))} && touch -- {_q(META_MARK)}", "root")

@@ -57,8 +57,8 @@ from sbx.control.store.database import SandboxRow, as_utc, iso
 log = logging.getLogger("sbx.api.e2b")
 
 ENVD_VERSION = "0.6.4"
-"""The envd version reported: the SDK's default user (0.4.0), octet-stream/gzip uploads (0.5.7), watchers with
-entries (0.6.3) work; file metadata (0.6.2) is refused with a 400."""
+"""The envd version reported: the SDK's default user (0.4.0), octet-stream/gzip uploads (0.5.7), file metadata
+(0.6.2) and watchers with entries (0.6.3) work."""
 CLIENT_ID = "sbx"
 DEFAULT_TEMPLATE = "base"
 DEFAULT_SIZE = "small"
