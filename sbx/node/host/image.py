@@ -90,6 +90,7 @@ def ensure_image(settings: Settings, progress: Progress | None = None) -> Path:
 
 def prune_images(settings: Settings, keep: Path) -> list[Path]:
     """Delete the cached images of other recipes than ``keep`` (with their ``.json``); returns what was deleted.
+    Images made from a Dockerfile or an OCI image (:mod:`sbx.node.images`) are never pruned here.
 
     Safe for sandboxes made from them: a sandbox disk or snapshot is a reflink copy, whose blocks stay allocated
     while any copy uses them. An image whose lock another process holds (a build in progress) is left alone, and
@@ -97,7 +98,7 @@ def prune_images(settings: Settings, keep: Path) -> list[Path]:
     template would otherwise build its image again and prune this one in turn)."""
     deleted: list[Path] = []
     for old in sorted(settings.images_dir.glob("*.ext4")):
-        if old == keep:
+        if old == keep or not _is_default_image(old):
             continue
         lock, in_use = old.with_suffix(".lock"), old.with_suffix(IN_USE_SUFFIX)
         # no mark: no node has used it since it was made (a holder creates the file)
@@ -111,6 +112,17 @@ def prune_images(settings: Settings, keep: Path) -> list[Path]:
             in_use.unlink(missing_ok=True)
             deleted.append(old)
     return deleted
+
+
+def _is_default_image(path: Path) -> bool:
+    """False for an image made from a Dockerfile or an OCI image (:mod:`sbx.node.images`: its ``.json`` holds an
+    ``init``, its source sits beside it as ``.oci.tar``), which only its own deletion removes; True otherwise."""
+    if path.with_suffix(".oci.tar").exists():
+        return False
+    try:
+        return "init" not in json.loads(path.with_suffix(".json").read_text())
+    except (OSError, ValueError, TypeError):
+        return True
 
 
 def hold_image(image: Path) -> int:
@@ -165,6 +177,23 @@ def build_image(target: Path, progress: Progress | None = None) -> None:
         say(f"Image ready: {target} ({time.monotonic() - start:.0f} s)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def write_ext4(rootfs: Path, out: Path) -> tuple[int, int]:
+    """Write the root filesystem at ``rootfs`` into a new sparse ext4 image ``out`` as the base image is written
+    (:data:`sbx.guest.recipe.FILESYSTEM`, about :data:`SIZE_FACTOR` times the content, at least :data:`MIN_SIZE`,
+    checked with ``e2fsck -n`` and fsynced). Returns ``(content bytes, image size in bytes)``. Raises
+    :class:`ImageError`. Used for images made from a Dockerfile or an OCI image (:mod:`sbx.node.images`)."""
+    content = _content_bytes(rootfs)
+    size = max(MIN_SIZE, -(-int(content * SIZE_FACTOR) // SIZE_ROUND) * SIZE_ROUND)
+    _mkfs(rootfs, out, size)
+    return content, size
+
+
+def detach_mounts(under: Path) -> None:
+    """Lazily unmount every mount at or below ``under`` (deepest first), so removing the folder never reaches into
+    a mounted filesystem (a build killed before its mounts went)."""
+    _detach_mounts(under)
 
 
 def _detach_mounts(under: Path) -> None:

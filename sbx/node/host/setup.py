@@ -39,10 +39,16 @@ from sbx.node.host.criuinstall import (
     version_tuple,
 )
 
-#: Debian packages the host needs (runc; image build; disks and the XFS volume; networking; uid maps).
+#: Debian packages the host needs (runc; image builds: the default image, and images from a Dockerfile or an OCI
+#: image with buildah, skopeo and umoci, tini's static build for images without systemd; disks and the XFS volume;
+#: networking; uid maps).
 HOST_PACKAGES = (
     "runc",
     "mmdebstrap",
+    "buildah",
+    "skopeo",
+    "umoci",
+    "tini",
     "xfsprogs",
     "e2fsprogs",
     "iproute2",

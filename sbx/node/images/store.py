@@ -20,15 +20,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from sbx.config import Settings
 from sbx.guest import recipe
-from sbx.node.host.image import IN_USE_SUFFIX
+from sbx.node.host.image import IN_USE_SUFFIX, detach_mounts, write_ext4
+from sbx.node.images import buildah, dockerfile, layer, sources
+from sbx.node.images.buildnet import nameservers
 from sbx.node.images.errors import ImageError
-from sbx.node.images.facts import ImageFacts
+from sbx.node.images.facts import ImageFacts, parse_env, parse_passwd, user_name, users_of, workdir_of
+from sbx.node.images.reserve import claim
+from sbx.node.types import NodeError
 from sbx.storage.locks import file_lock
 
 __all__ = ["ImageError", "ImageFacts", "base_archive", "build_dockerfile", "delete_image", "image_file",
@@ -110,23 +118,194 @@ def _remove(settings: Settings, key: str) -> None:
 def import_archive(settings: Settings, archive: Path, progress: Progress | None = None, *,
                    network: AbstractContextManager[str] | None = None, uid_base: int | None = None) -> ImageFacts:
     """Make a sandbox image of ``archive``: a ``docker save`` archive, an OCI archive, an OCI layout directory, a
-    flat rootfs tar (``docker export``), or a ``docker://`` reference; which one is told by its content.
-    ``progress`` gets one-line messages. ``network`` (a context manager yielding a network namespace path) and
-    ``uid_base`` (a reserved host uid range) are those of the sbx layer's package installs; without them the library
-    reserves a range itself and installs without network. Returns the image's facts (at once when it exists).
-    Raises :class:`ImageError` (``bad_archive``, ``image_no_shell``, ``unsupported_image``,
-    ``image_build_failed``)."""
-    raise ImageError("image_build_failed", "not implemented yet")
+    flat rootfs tar (``docker export``), or a ``docker://`` reference; which one is told by its content
+    (:func:`sbx.node.images.sources.detect`). ``progress`` gets one-line messages. ``network`` (a context manager
+    yielding a network namespace path, entered only when the sbx layer must fetch packages) and ``uid_base`` (a
+    reserved host uid range the sbx layer's commands run as) come from the node (:class:`ImagesMixin`); without
+    ``uid_base`` the library claims a range itself, without ``network`` packages can't be fetched. Returns the
+    image's facts (at once when the image exists). Raises :class:`ImageError` (``bad_archive``, ``image_no_shell``,
+    ``unsupported_image``, ``build_step_failed`` for a failed package install, ``image_build_failed``)."""
+    say = progress or (lambda _m: None)
+    start = time.monotonic()
+    kind = sources.detect(archive)
+    say(f"source: {kind}")
+    source = "registry" if kind == "registry" else "archive"
+    with _work(settings) as work:
+        layout = work / "layout"
+        if kind == "rootfs-tar":
+            digest = dockerfile.file_digest(Path(archive))
+            key = image_key(digest)
+            if _exists(settings, key):
+                return load_facts(settings, key)
+            sources.tar_to_layout(Path(archive), layout)
+        else:
+            sources.to_layout(kind, archive, layout, work)
+            key = image_key(sources.read_layout(layout).digest)
+        return _finish(settings, key, work, network, uid_base, say, source, start)
 
 
-def build_dockerfile(settings: Settings, dockerfile: Path, context: Path, progress: Progress | None = None, *,
-                     network: AbstractContextManager[str] | None = None, uid_base: int | None = None,
+def build_dockerfile(settings: Settings, dockerfile_path: Path, context: Path, progress: Progress | None = None,
+                     *, network: AbstractContextManager[str] | None = None, uid_base: int | None = None,
                      bases: dict[str, Path] | None = None) -> ImageFacts:
-    """Build ``dockerfile`` with ``context`` (a folder) by ``buildah bud`` and make a sandbox image of the result.
-    ``bases`` maps image names a ``FROM`` may use to archives (OCI or docker). ``network`` yields the RUN steps'
-    network namespace (none without); ``uid_base`` is the reserved host uid range RUN steps run as (the library
-    reserves one without it). ``progress`` gets buildah's output lines. A build whose inputs (Dockerfile bytes, the
-    context's files and modes, the bases' digests) were built before returns its facts at once. Raises
-    :class:`ImageError` (``bad_dockerfile``, ``build_step_failed``, ``copy_source_missing``, ``image_no_shell``,
+    """Build ``dockerfile_path`` with ``context`` (a folder) by ``buildah bud`` (:mod:`sbx.node.images.buildah`) and
+    make a sandbox image of the result as :func:`import_archive` does. ``bases`` maps image names a ``FROM`` may use
+    to archives (OCI or docker; :func:`base_archive` of an image built before); ``FROM oci-archive:/path`` and
+    ``docker-archive:/path`` work as well. ``network`` yields the network namespace RUN steps run in (none without
+    it); ``uid_base`` is the reserved host uid range they run as (the library claims one without it). ``progress``
+    gets buildah's output lines. A build whose inputs (the Dockerfile, the context's files and modes, the bases'
+    digests) were built before returns its facts at once (``cached build``). Raises :class:`ImageError`
+    (``bad_dockerfile``, ``build_step_failed``, ``copy_source_missing``, ``bad_archive``, ``image_no_shell``,
     ``unsupported_image``, ``image_build_failed``); a failed build leaves nothing behind."""
-    raise ImageError("image_build_failed", "not implemented yet")
+    say = progress or (lambda _m: None)
+    start = time.monotonic()
+    try:
+        text = dockerfile_path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ImageError("bad_dockerfile", f"{dockerfile_path}: {e}") from e
+    if not context.is_dir():
+        raise ImageError("copy_source_missing", f"the build context {context} is not a folder")
+    named = dict(bases or {})
+    kinds = {}
+    for path in named.values():
+        kind = sources.detect(path)
+        if kind not in ("oci-archive", "docker-archive"):
+            raise ImageError("bad_archive", f"base {path}: a {kind}, not an OCI or docker archive")
+        kinds[path] = kind
+    resolved, used = dockerfile.resolve_bases(text, named, kinds)
+    for path in used:
+        if not path.is_file():
+            raise ImageError("bad_archive", f"FROM {path}: no such archive")
+    digests = [dockerfile.file_digest(p) for p in used]
+    inputs = dockerfile.input_hash(resolved, context, digests)
+    builds = settings.images_dir / ".builds"
+    builds.mkdir(parents=True, exist_ok=True)
+    with file_lock(builds / f"{inputs}.lock"):
+        key = _built(settings, builds / inputs)
+        if key:
+            say(f"cached build: image {key[:12]}")
+            return load_facts(settings, key)
+        with _work(settings) as work:
+            with _claimed(settings, uid_base) as base:
+                (work / "Dockerfile").write_text(resolved)
+                with _entered(network) as netns:
+                    buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers() if netns else [], say)
+                layout = work / "layout"
+                buildah.push(work, layout, sources.TAG)
+                buildah.clean(work)
+                shutil.rmtree(work / "store", ignore_errors=True)
+                key = image_key(sources.read_layout(layout).digest)
+                facts = _finish(settings, key, work, network, base, say, "dockerfile", start)
+        tmp = builds / f".{inputs}.tmp"
+        tmp.write_text(key + "\n")
+        os.replace(tmp, builds / inputs)
+        return facts
+
+
+def _built(settings: Settings, record: Path) -> str | None:
+    """The key a build record names when that image is still there."""
+    try:
+        key = record.read_text().strip()
+    except OSError:
+        return None
+    return key if _exists(settings, key) else None
+
+
+def _exists(settings: Settings, key: str) -> bool:
+    return image_file(settings, key).is_file() and facts_file(settings, key).is_file()
+
+
+@contextmanager
+def _entered(cm: AbstractContextManager[str] | None) -> Iterator[str | None]:
+    if cm is None:
+        yield None
+        return
+    with cm as value:
+        yield value
+
+
+@contextmanager
+def _claimed(settings: Settings, uid_base: int | None) -> Iterator[int]:
+    """``uid_base`` when the caller reserved one, else a range claimed for the block (:func:`reserve.claim`)."""
+    if uid_base is not None:
+        yield uid_base
+        return
+    with claim(settings) as c:
+        yield c.uid_base
+
+
+@contextmanager
+def _work(settings: Settings) -> Iterator[Path]:
+    """A scratch folder ``images_dir/.work/<random>`` on the data volume, removed (mounts detached first) however
+    the block ends; folders of builds whose process died are removed too."""
+    root = settings.images_dir / ".work"
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # the sbx layer's commands (a shifted uid) must reach their view below it
+    for stale in root.iterdir():
+        pid = stale.name.split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            detach_mounts(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    work = root / f"{os.getpid()}-{secrets.token_hex(6)}"
+    work.mkdir(mode=0o711)
+    try:
+        yield work
+    finally:
+        detach_mounts(work)
+        if (work / "store").exists():
+            buildah.clean(work)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _finish(settings: Settings, key: str, work: Path, network: AbstractContextManager[str] | None,
+            uid_base: int | None, say: Progress, source: str, start: float) -> ImageFacts:
+    """From the OCI layout ``work/layout`` to image ``key``: unpack, the sbx layer, ext4, facts, the source kept as
+    ``<key>.oci.tar``; under the key's lock, at once when it exists."""
+    with file_lock(settings.images_dir / f"{key}.lock"):
+        if _exists(settings, key):
+            say(f"image {key[:12]} exists")
+            return load_facts(settings, key)
+        layout, rootfs = work / "layout", work / "rootfs"
+        info = sources.read_layout(layout)
+        say("unpacking the image")
+        sources.unpack(layout, rootfs)
+        passwd = parse_passwd(layer.read_text(rootfs, "/etc/passwd"))
+        try:
+            wanted = user_name(str(info.config.get("User") or ""), passwd)
+        except ValueError as e:
+            raise ImageError("unsupported_image", str(e)) from e
+        with _claimed(settings, uid_base) as base:
+            layered = layer.apply(rootfs, work, base, network=network, sudo_user=wanted, say=say)
+        final = parse_passwd(layer.read_text(rootfs, "/etc/passwd"))
+        shell = "/bin/bash" if layer.has(rootfs, "/bin/bash") else "/bin/sh"
+        out = work / "image.ext4"
+        say("writing the ext4 image")
+        try:
+            content, size = write_ext4(rootfs, out)
+        except NodeError as e:
+            raise ImageError("image_build_failed", e.message) from e
+        shutil.rmtree(rootfs, ignore_errors=True)
+        sources.archive_layout(layout, work / "source.oci.tar")
+        facts = ImageFacts(
+            key=key, os_id=layered.os_release.get("ID", ""), os_name=layered.os_release.get("PRETTY_NAME", ""),
+            init=layered.init, shell=shell,
+            env=parse_env(info.config.get("Env")), workdir=workdir_of(info.config), user=wanted,
+            users=users_of(final, wanted), content_bytes=content, size_bytes=size, source=source,
+            built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            build_seconds=round(time.monotonic() - start, 1))
+        (work / "facts.json").write_text(json.dumps(facts.to_json(), indent=2) + "\n")
+        d = settings.images_dir
+        os.replace(work / "source.oci.tar", d / f"{key}.oci.tar")
+        os.replace(work / "facts.json", facts_file(settings, key))
+        os.replace(out, image_file(settings, key))
+        _fsync_dir(d)
+        say(f"image {key[:12]} ready ({facts.init}, {content // 2**20} MiB in {size // 2**20} MiB, "
+            f"{facts.build_seconds:.0f} s)")
+        return facts
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
