@@ -182,7 +182,7 @@ def _install(view: Path, base: int, osr: dict[str, str], network: AbstractContex
                " /usr/share/keyrings/debian-archive-keyring.pgp; do [ -f \"$f\" ] && k=\"[signed-by=$f] \"; done; ")
     script = (
         "set -e; " + keyring + "mkdir -p /tmp/sbx.d; : > /tmp/sbx.list; "
-        + "".join(f"echo \"deb $k{line}\" >> /tmp/sbx.list; " for line in lines)
+        + "".join(f"echo \"deb ${{k}}{line}\" >> /tmp/sbx.list; " for line in lines)
         + f"{_APT} update; {_APT} install -y --no-install-recommends " + " ".join(missing) + "; "
         "apt-get clean; rm -rf /var/lib/apt/lists/*"
     )

@@ -25,7 +25,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 from sbx.config import Settings
@@ -187,14 +187,15 @@ def build_dockerfile(settings: Settings, dockerfile_path: Path, context: Path, p
         with _work(settings) as work:
             with _claimed(settings, uid_base) as base:
                 (work / "Dockerfile").write_text(resolved)
-                with _entered(network) as netns:
+                with _entered(network) as netns:  # entered once: RUN steps, then the sbx layer's installs
                     buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers() if netns else [], say)
-                layout = work / "layout"
-                buildah.push(work, layout, sources.TAG)
-                buildah.clean(work)
-                shutil.rmtree(work / "store", ignore_errors=True)
-                key = image_key(sources.read_layout(layout).digest)
-                facts = _finish(settings, key, work, network, base, say, "dockerfile", start)
+                    layout = work / "layout"
+                    buildah.push(work, layout, sources.TAG)
+                    buildah.clean(work)
+                    shutil.rmtree(work / "store", ignore_errors=True)
+                    key = image_key(sources.read_layout(layout).digest)
+                    again = nullcontext(netns) if netns is not None else None
+                    facts = _finish(settings, key, work, again, base, say, "dockerfile", start)
         tmp = builds / f".{inputs}.tmp"
         tmp.write_text(key + "\n")
         os.replace(tmp, builds / inputs)
