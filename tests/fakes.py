@@ -66,6 +66,7 @@ class FakeNode:
         self.snaps: dict[str, tuple[SnapshotInfo, Path]] = {}
         self.calls: list[tuple[str, str, dict[str, object]]] = []
         self.egress: dict[str, bool] = {}  # set_egress_proxy's last word per sandbox
+        self.images: dict[str, dict[str, object]] = {}  # facts of the images "built" here, by key
         self.name = "fake"  # the name info() reports
         self.fingerprint = {"cpuModel": "fake", "kernel": "6.1"}
         self.cpu_mismatch = False
@@ -143,6 +144,36 @@ class FakeNode:
 
     def pool_take(self, size: str) -> str | None:
         return None  # the fake node keeps no warm sandboxes
+
+    # images: facts made up from the inputs (no build); fail_next("build_image"/"import_image", code) fails one
+    def _image_facts(self, key: str, source: str, user: str | None = None) -> dict[str, object]:
+        return {"key": key, "os_id": "debian", "os_name": "Debian GNU/Linux 12 (bookworm)", "init": "systemd",
+                "shell": "/bin/bash", "env": {"GREETING": "hi"}, "workdir": "/opt/app", "user": user,
+                "users": {"root": [0, 0, "/root"], "user": [1000, 1000, "/home/user"]}, "content_bytes": 1 << 20,
+                "size_bytes": 4 << 20, "source": source, "built_at": "2026-12-06T00:00:00Z", "build_seconds": 0.1}
+
+    def build_image(self, dockerfile: Path, context: Path, progress=None, bases=None):  # type: ignore[no-untyped-def]
+        self._enter("build_image", "", dockerfile=dockerfile.read_text(), bases=dict(bases or {}),
+                    files=sorted(p.name for p in context.iterdir()))
+        if progress is not None:
+            progress("STEP 1/1: FROM fake")
+        import hashlib
+
+        key = hashlib.sha256(dockerfile.read_bytes()).hexdigest()
+        self.images[key] = self._image_facts(key, "dockerfile")
+        return dict(self.images[key])
+
+    def import_image(self, archive: Path, progress=None):  # type: ignore[no-untyped-def]
+        self._enter("import_image", "", size=archive.stat().st_size)
+        import hashlib
+
+        key = hashlib.sha256(archive.read_bytes()).hexdigest()
+        self.images[key] = self._image_facts(key, "archive")
+        return dict(self.images[key])
+
+    def delete_image(self, key: str) -> None:
+        self._enter("delete_image", "", key=key)
+        self.images.pop(key, None)
 
     def exec(
         self,

@@ -62,7 +62,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import account_routes, console, errors, nodes_api, observe, sandbox_io, secrets_api
+from sbx.api import account_routes, console, errors, images_api, nodes_api, observe, sandbox_io, secrets_api
 from sbx.api import schemas as S
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.e2b.mount import mount as mount_e2b
@@ -217,7 +217,7 @@ def create_app(
         cp.secrets.names(who.account_id, body.secrets or [])  # 404/409 before anything is made
         row = cp.create(body.type, body.name, body.ttl, from_key, body.no_snapshots, body.env,
                         body.auto_resume, body.labels, account_id=who.account_id,
-                        cold=body.cold, egress=bool(body.secrets))
+                        cold=body.cold, egress=bool(body.secrets), image=body.image)
         secrets_api.bind_all(cp, row.id, body.secrets, who.account_id)
         return accepted(row, wait_, timeout)
 
@@ -398,6 +398,7 @@ def create_app(
     sandbox_io.register(app, v1, cp)
     account_routes.register(v1, cp)
     secrets_api.register(v1, cp)
+    images_api.register(v1, cp)
     nodes_api.register(v1, cp, consolidator)
     console.register(app)
     app.include_router(v1)

@@ -42,6 +42,8 @@ Send = Callable[[Message], Awaitable[None]]
 _SHAPE_ERRORS = {"missing", "extra_forbidden", "json_invalid", "json_type", "model_type", "model_attributes_type",
                  "int_parsing", "float_parsing", "bool_parsing", "int_from_float", "is_instance_of"}
 _FILE_UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/files$")
+#: Image uploads (a build context or an archive, :mod:`sbx.api.images_api`) have a cap of their own.
+_IMAGE_UPLOAD = re.compile(r"^/v1/images/(build|import)$")
 
 
 def error_response(status: int, code: str, message: str, *, field: str | None = None, state: str | None = None,
@@ -165,7 +167,8 @@ class BodyLimit:
         return f"the request body is over {self.limit} bytes (server setting SBX_MAX_BODY_BYTES)"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope["method"] == "PUT" and _FILE_UPLOAD.match(scope["path"])):
+        if scope["type"] != "http" or (scope["method"] == "PUT" and _FILE_UPLOAD.match(scope["path"])) or (
+                scope["method"] == "POST" and _IMAGE_UPLOAD.match(scope["path"])):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):

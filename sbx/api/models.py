@@ -175,6 +175,9 @@ class CreateSandbox(_Body):
     cold: bool = Field(False, description="cold boot even when a memory template of the size is ready (by default "
                        "a new sandbox without fromSnapshot is restored from the template, with its own identity)")
     secrets: list[SecretName] | None = SecretsField
+    image: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+                              description="start from this image of the account (or a shared one; `sbx image "
+                              "list`) instead of sbx's default Debian image")
 
 
 

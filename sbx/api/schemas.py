@@ -85,6 +85,8 @@ class Sandbox(Out):
     autoResume: bool
     noSnapshots: bool
     labels: dict[str, str] = Field(default_factory=dict)
+    image: str | None = Field(None, description="the image its disk came from (`sbx image list`); null: sbx's "
+                              "default Debian image")
     node: str = Field(description="the node that holds the sandbox")
     nodeStatus: NodeStatus = Field(description="its node's status; `state` is kept while the node is unreachable")
     replicaNode: str | None = Field(None, description="stopped: the node holding a current copy of its disk and "
@@ -120,6 +122,34 @@ class SnapshotList(Out):
 
 class Deleted(Out):
     deleted: str | int
+
+
+class Image(Out):
+    """An image sandboxes can start from (``sbx new --image NAME``): built from a Dockerfile or imported."""
+
+    id: str
+    name: str
+    shared: bool = Field(description="visible to every account")
+    owned: bool = Field(description="it belongs to the key's account")
+    os: str = Field(description="the image's OS (PRETTY_NAME of /etc/os-release)")
+    init: str = Field(description="`systemd`, or `minimal` for an image without systemd (sbx's minimal init)")
+    shell: str
+    env: dict[str, str] = Field(description="its ENV: every exec gets it")
+    workdir: str | None = Field(description="its WORKDIR: where execs start")
+    user: str | None = Field(description="its USER: who execs run as by default (null: `user`)")
+    sizeBytes: int
+    source: str = Field(description="`dockerfile`, `archive` or `registry`")
+    digest: str
+    node: str | None
+    createdAt: str | None
+
+
+class ImageOut(Out):
+    image: Image
+
+
+class ImageList(Out):
+    images: list[Image]
 
 
 class Job(Out):

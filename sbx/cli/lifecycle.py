@@ -38,13 +38,15 @@ def new(
                               "(by default it is restored from the template, with its own identity)."),
     secret: list[str] = typer.Option(None, "--secret", "-s", help="A secret it may use through the egress proxy "
                                      "(see `sbx secret`; repeatable). It never sees the value."),
+    image: str = typer.Option(None, "--image", "-i", help="Start from this image (`sbx image list`) instead of "
+                              "sbx's default Debian image."),
     json_: bool = JSON_OPT,
 ) -> None:
     """Create a sandbox and print its id."""
     labels = parse_env(label, "--label")
     with client() as c, spinner(f"creating {type} sandbox", not json_):
         sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume,
-                            labels, cold, secret))
+                            labels, cold, secret, image=image))
     if json_:
         print_json({"sandbox": sb})
     else:

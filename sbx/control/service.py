@@ -45,6 +45,7 @@ from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.drain import Drains
 from sbx.control.cluster.orphans import OrphanSweeper
 from sbx.control.errors import ControlError
+from sbx.control.images.catalog import Images
 from sbx.control.sandboxes.activity import Activity
 from sbx.control.sandboxes.execjobs import DEFAULT_EXEC_TIMEOUT, ExecOps
 from sbx.control.sandboxes.files import Files
@@ -90,6 +91,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         self.routes = Routes(self)
         self.files = Files(self)
         self.secrets = Secrets(self)
+        self.images = Images(self)
         self.account_ends = AccountEnds(self)
 
     @functools.cached_property

@@ -44,7 +44,12 @@ The mixins' rooms don't import each other (:mod:`sbx.node` has the map of the ro
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from sbx.node.exec.jobs import ExecMixin
+from sbx.node.images.builds import ImagesMixin
+from sbx.node.images.facts import ImageFacts
 from sbx.node.lifecycle.containers import LifecycleMixin
 from sbx.node.lifecycle.egressnode import EgressMixin
 from sbx.node.lifecycle.reconcile import ReconcileMixin
@@ -57,6 +62,7 @@ from sbx.node.memory.templates import TemplateMixin
 from sbx.node.memory.warmpool import WarmPoolMixin
 from sbx.node.migration.outgoing import MigrationMixin
 from sbx.node.migration.replicas import ReplicaMixin
+from sbx.node.types import NodeError
 
 
 class LocalNode(
@@ -73,6 +79,33 @@ class LocalNode(
     MigrationMixin,
     ReplicaMixin,
     EgressMixin,
+    ImagesMixin,
 ):
     """Sandboxes on this host (runc + CRIU + reflink disks). Thread-safe: each sandbox has its own lock, and
     operations on different sandboxes run in parallel."""
+
+    def build_image(self, dockerfile: Path, context: Path, progress: Any = None,  # type: ignore[override]
+                    bases: dict[str, str] | None = None) -> ImageFacts:
+        """:meth:`sbx.node.images.builds.ImagesMixin.build_image` with ``bases`` given as ``{name: image key}``
+        (what the control plane knows, :meth:`sbx.node.types.NodeAgent.build_image`): each becomes the original
+        image this node kept of that key; a key whose original is gone is left out (its ``FROM`` then fails)."""
+        paths: dict[str, Path] = {}
+        for name, key in (bases or {}).items():
+            try:
+                paths[name] = self.base_archive(key)
+            except NodeError:
+                continue
+        return super().build_image(dockerfile, context, progress, bases=paths)
+
+    def delete_image(self, key: str) -> None:
+        """:meth:`sbx.node.images.builds.ImagesMixin.delete_image`, with the image's memory templates; an image
+        that is not here is nothing to do."""
+        from sbx.runtime.runc import remove_tree
+
+        for d in self.templates_dir.glob(f"{key}-*"):
+            remove_tree(d)
+        try:
+            super().delete_image(key)
+        except NodeError as e:
+            if e.code != "image_not_found":
+                raise

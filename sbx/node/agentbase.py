@@ -243,7 +243,26 @@ class NodeBase:
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
-        return {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
+        out = {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
+        if spec.image is not None:
+            out["image"] = spec.image
+        return out
+
+    def _image_of(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+        """The facts of the image a sandbox's record names (:attr:`sbx.node.types.SandboxSpec.image`), None for the
+        default image."""
+        img = rec.get("spec", {}).get("image")
+        return img if isinstance(img, dict) and img.get("key") else None
+
+    def _base_for(self, image: dict[str, Any] | None) -> Path:
+        """The base image file a new disk of ``image`` is a copy of: the default image for None, else
+        ``images_dir/<key>.ext4``. Raises ``NodeError("image_missing")`` when that file is not on this node."""
+        if image is None:
+            return self.image
+        path = self.settings.images_dir / f"{image['key']}.ext4"
+        if not path.is_file():
+            raise NodeError("image_missing", f"image {image['key'][:12]} is not on node {self.settings.node_name}")
+        return path
 
     # ----------------------------------------------------------------- helpers shared by the mixins
 
@@ -334,7 +353,7 @@ class NodeBase:
 
         def _create_from_template(self, spec: SandboxSpec, identity: bool = True) -> bool: ...
 
-        def template_ready(self, size: Size) -> Path | None: ...
+        def template_ready(self, size: Size, image: dict[str, Any] | None = None) -> Path | None: ...
 
         def _pool_claim(self, spec: SandboxSpec, use: bool) -> bool: ...
 
@@ -342,7 +361,7 @@ class NodeBase:
 
         def _pool_forget(self) -> None: ...
 
-        def _want_template(self, size: Size) -> None: ...
+        def _want_template(self, size: Size, image: dict[str, Any] | None = None) -> None: ...
 
         def _reconcile_templates(self) -> None: ...
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sbx.config import Size
@@ -36,12 +37,17 @@ class SandboxSpec:
     - ``hostname``: the sandbox's hostname (its 3-word subdomain).
     - ``size``: limits (vCPUs, memory MiB, disk MiB).
     - ``env``: extra environment for every exec (per-sandbox env, copied by fork).
+    - ``image``: the facts of the image the sandbox's disk came from (``sbx.node.images.facts.ImageFacts.to_json()``:
+      ``key``, ``init``, ``shell``, ``env``, ``workdir``, ``user``, ``users``, ...), or None for sbx's default
+      image. The node boots, execs and names templates by it; it travels with the spec so a node that never had
+      the image file can still run a sandbox that moved there.
     """
 
     id: str
     hostname: str
     size: Size
     env: dict[str, str] = field(default_factory=dict)
+    image: dict[str, Any] | None = None
 
 
 @dataclass
@@ -147,6 +153,23 @@ NodeStatus = Literal["running", "checkpointed", "stopped", "absent"]
 
 class NodeAgent(Protocol):
     """The operations a node offers. ``id`` arguments are sandbox ids the node has been told about."""
+
+    def build_image(self, dockerfile: Path, context: Path, progress: Callable[[str], None] | None = None,
+                    bases: dict[str, str] | None = None) -> Any:
+        """Build a sandbox image from ``dockerfile`` with build context ``context`` (``bases``: ``{name: key}`` of
+        images a ``FROM`` may name) and return its :class:`sbx.node.images.facts.ImageFacts`. ``progress`` gets
+        one-line messages. Raises ``NodeError`` (the codes of :mod:`sbx.node.images.errors`)."""
+        ...
+
+    def import_image(self, archive: Path, progress: Callable[[str], None] | None = None) -> Any:
+        """Make a sandbox image of ``archive`` (docker-archive, OCI archive or layout, or a flat rootfs tar) and
+        return its :class:`sbx.node.images.facts.ImageFacts`. Raises ``NodeError`` as :meth:`build_image`."""
+        ...
+
+    def delete_image(self, key: str) -> None:
+        """Remove the image files of ``key`` and its memory templates from this node (nothing when absent). Raises
+        ``NodeError("image_in_use")`` when a running node holds the file."""
+        ...
 
     def pool_take(self, size: str) -> str | None:
         """Reserve a warm sandbox of size ``size`` (a size name: one already restored from its memory template,

@@ -85,6 +85,8 @@ class ContainerSpec:
       ``/proc`` files are bind-mounted over the container's, so ``free`` shows the memory limit and ``uptime``
       the sandbox's own boot (LXCFS docs: the ``proc/*`` files it serves). CRIU treats them as external bind
       mounts and restores them (measured).
+    - ``init_args``: the container's PID 1 and its arguments (default ``["/sbin/init"]``: systemd; an image without
+      systemd gets sbx's minimal init, :mod:`sbx.guest.minimal`).
     - ``mask_dir``: a host directory that stays empty, owned by host root, mode 0555 (the sandbox's own, in its
       bundle). When set, each directory of :data:`MASKED_PATHS` under ``/sys`` is a read-only bind mount of it
       instead of runc's read-only tmpfs (:func:`masks`): CRIU runs ``tar`` for every tmpfs it dumps and again to
@@ -106,6 +108,7 @@ class ContainerSpec:
     uid_base: int = 0
     mask_dir: str | None = None
     annotations: dict[str, str] = field(default_factory=dict)
+    init_args: list[str] | None = None
 
 
 def mount_targets(config: dict[str, Any]) -> list[tuple[str, bool]]:
@@ -160,7 +163,7 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": ["/sbin/init"],
+            "args": list(spec.init_args or ["/sbin/init"]),
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "container=oci",

@@ -126,13 +126,15 @@ def create(
     labels: dict[str, str] | None = None,
     cold: bool = False,
     secrets: list[str] | None = None,
+    image: str | None = None,
 ) -> Call:
     """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: an exec, a file
     call, a shell or a request on one of its hosted ports resumes it when stopped. ``labels``: string metadata.
     ``cold``: boot even when a memory template of the size is ready. ``secrets``: names of secrets bound to it
-    (the egress proxy injects them; it never sees the values)."""
+    (the egress proxy injects them; it never sees the values). ``image``: start from this image of the account
+    (:mod:`sbx.sdk.images`) instead of sbx's default one."""
     body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env,
-                   "labels": labels, "secrets": secrets or None})
+                   "labels": labels, "secrets": secrets or None, "image": image})
     if no_snapshots:
         body["noSnapshots"] = True
     if auto_resume:

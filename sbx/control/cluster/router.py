@@ -21,6 +21,7 @@ import logging
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings
@@ -209,6 +210,17 @@ class NodeRouter:
         except NodeError as e:
             log.info("no warm sandbox from node %s: %s", node, e.message)
             return None
+
+    # --- NodeAgent: images, on the server's own node (sbx.control.images.catalog) ----------------------------
+    def build_image(self, dockerfile: Path, context: Path, progress: Callable[[str], None] | None = None,
+                    bases: dict[str, str] | None = None) -> Any:
+        return self.agent(None).build_image(dockerfile, context, progress, bases=bases)
+
+    def import_image(self, archive: Path, progress: Callable[[str], None] | None = None) -> Any:
+        return self.agent(None).import_image(archive, progress)
+
+    def delete_image(self, key: str) -> None:
+        self.agent(None).delete_image(key)
 
     # --- NodeAgent: per sandbox --------------------------------------------------------------------------------
     def create(self, spec: SandboxSpec, from_snapshot: str | None = None, cold: bool = False) -> str:

@@ -59,9 +59,11 @@ class LifecycleOps(ForkOps):
         account_id: str = DEFAULT_ACCOUNT,
         cold: bool = False,
         egress: bool = False,
+        image: str | None = None,
     ) -> SandboxRow:
-        """Create a sandbox of size ``type`` for account ``account_id`` (a disk from the base image, or a copy of
-        snapshot ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
+        """Create a sandbox of size ``type`` for account ``account_id`` (a disk from the base image, from the
+        account's image named ``image`` (:mod:`sbx.control.images.catalog`), or a copy of snapshot
+        ``from_snapshot``) and boot it in the background; returns the row in ``provisioning``.
 
         ``ttl``: seconds of inactivity before it stops keeping memory (default :data:`DEFAULT_TTL`; 0 = never).
         ``auto_resume``: an exec, a file call, a shell or a request on one of its hosted ports resumes it when it
@@ -70,20 +72,30 @@ class LifecycleOps(ForkOps):
         node that runs an egress proxy may take it.
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot
         (the API answers the same for another account's), 403 ``plan_limit``, 507 ``insufficient_capacity``, 409
-        ``egress_proxy_unavailable`` (nothing is created)."""
+        ``egress_proxy_unavailable`` (nothing is created); 400 ``invalid_image_name``, 404 ``image_not_found``, 400
+        ``invalid_image`` (both ``image`` and ``from_snapshot``)."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
-        if from_snapshot is not None and self.store.get_snapshot(from_snapshot) is None:
+        snap = self.store.get_snapshot(from_snapshot) if from_snapshot is not None else None
+        if from_snapshot is not None and snap is None:
             raise not_found(f"snapshot {from_snapshot}")
+        if image is not None and from_snapshot is not None:
+            raise ControlError("invalid_image", "a sandbox comes from an image or from a snapshot, not both "
+                               "(a snapshot keeps the image it was taken of)", 400, field="image")
+        img_row = self.images.resolve(account_id, image) if image is not None else None
+        image_fields = _image_fields(self, img_row, snap)
         only: str | None = None
         what_new = f"a new {size.name} sandbox"
+        if img_row is not None and len(self.router.agents()) > 1:
+            only = img_row.node  # an image's file lives where it was built
         if from_snapshot is not None and len(self.router.agents()) > 1:
             only = self.router.snapshot_node(from_snapshot)  # a snapshot lives where it was sealed
             if only is None:
                 raise ControlError("insufficient_capacity", f"no node can take {what_new}: no node that answers "
                                    f"holds snapshot {from_snapshot}", 507)
         proxied = self.router.egress_nodes() if egress else None  # asked outside the lock
-        warm = self._warm_sandbox(account_id, size, proxied) if from_snapshot is None and not cold else None
+        warm = (self._warm_sandbox(account_id, size, proxied)
+                if from_snapshot is None and not cold and img_row is None else None)  # warm ones: default image
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)
@@ -92,7 +104,7 @@ class LifecycleOps(ForkOps):
                 "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
                 no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
                 labels=dict(labels or {}), account_id=account_id, node=node,
-                sandbox_id=warm[1] if warm is not None and warm[0] == node else None,
+                sandbox_id=warm[1] if warm is not None and warm[0] == node else None, **image_fields,
             )
             self.meter.record_start(account_id, row.id, "create")
         sandbox_id = row.id
@@ -326,6 +338,7 @@ class LifecycleOps(ForkOps):
                     self.settings.fork_default_ttl if ttl is None else ttl,
                     dict(source.env if env is None else env), no_snapshots=False, source_id=source_id,
                     labels=dict(source.labels or {}), account_id=source.account_id, node=node,
+                    image_id=source.image_id, image=source.image,  # a fork is of its source's image
                 )
                 self.meter.record_start(source.account_id, row.id, "fork")
             fork_id = row.id
@@ -376,3 +389,16 @@ class LifecycleOps(ForkOps):
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return after
 
+
+
+def _image_fields(plane: Any, img_row: Any, snap: Any) -> dict[str, Any]:
+    """The ``image_id``/``image`` columns of a new sandbox: those of image row ``img_row``, or, for one made from
+    snapshot row ``snap``, of the sandbox the snapshot was taken of (its disk is of that image); empty for sbx's
+    default image."""
+    if img_row is not None:
+        return {"image_id": img_row.id, "image": plane.images.for_sandbox(img_row)}
+    if snap is not None:
+        source = plane.store.get_sandbox(snap.sandbox_id)
+        if source is not None and source.image is not None:
+            return {"image_id": source.image_id, "image": source.image}
+    return {}

@@ -26,6 +26,7 @@ from sbx.control.cluster.replicas import ReplicaBook, forget_on_state_change
 from sbx.control.cluster.router import NodeRouter
 from sbx.control.cluster.trim import Trimmer
 from sbx.control.errors import ControlError, from_node, not_found
+from sbx.control.images.catalog import Images
 from sbx.control.sandboxes.activity import Activity
 from sbx.control.sandboxes.admission import Admission
 from sbx.control.sandboxes.files import Files
@@ -55,6 +56,8 @@ class PlaneBase(Admission):
     """Hosted ports (:mod:`sbx.control.sandboxes.routes`)."""
     files: Files
     """Files in and out of running sandboxes (:mod:`sbx.control.sandboxes.files`)."""
+    images: Images
+    """The account's images a sandbox may start from (:mod:`sbx.control.images.catalog`)."""
     secrets: Secrets
     """Secrets and their bindings (:mod:`sbx.control.secrets.vault`).
 
@@ -153,6 +156,7 @@ class PlaneBase(Admission):
             "autoResume": bool(row.auto_resume),
             "noSnapshots": bool(row.no_snapshots),
             "labels": dict(row.labels or {}),
+            "image": (row.image or {}).get("name"),
             "memorySaved": row.memory_saved,
             "stopReason": row.stop_reason,
             "stopError": row.stop_error,
@@ -170,7 +174,8 @@ class PlaneBase(Admission):
         return rep.node if rep is not None else None
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
-        return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env))
+        return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env),
+                           image=dict(row.image) if row.image else None)
 
     # events ----------------------------------------------------------------------------------------------------
     def _measure_stored(self, sandbox_id: str) -> None:

@@ -63,7 +63,9 @@ class SandboxRow(Base):
     an automatic stop (0 = never); ``has_memory`` says the last stop wrote a memory image; ``auto_resume``: a request
     on one of its hosted ports resumes it when stopped; ``labels`` string metadata for list filters;
     ``memory_saved``/``stop_reason``/``stop_error`` describe the last stop (whether memory was written, why it
-    stopped, what failed); ``node`` the node that holds it (None: the server's only node, rows from before 0007)."""
+    stopped, what failed); ``node`` the node that holds it (None: the server's only node, rows from before 0007);
+    ``image_id``/``image`` the user image its disk came from (``{"name", "key", ...facts}``; None: sbx's default
+    image, :mod:`sbx.control.images.catalog`)."""
 
     __tablename__ = "sandboxes"
 
@@ -91,6 +93,8 @@ class SandboxRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     account_id: Mapped[str] = mapped_column(String(24), index=True, default="acct_default")
+    image_id: Mapped[str | None] = mapped_column(String(24), nullable=True, index=True)
+    image: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class SnapshotRow(Base):

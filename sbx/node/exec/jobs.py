@@ -16,7 +16,9 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sbx.node.agentbase import now
 from sbx.node.exec.attached import ChannelMixin
@@ -30,17 +32,50 @@ JOBS_DIR = "/var/lib/sbx-jobs"
 _JOB_RE = re.compile(r"^job_[a-z0-9]{8}$")
 
 
-def _login_env(user: str, extra: dict[str, str] | None) -> list[str]:
-    home = "/root" if user == "root" else "/home/user"
+@dataclass(frozen=True)
+class Login:
+    """Who an exec runs as: ``name``, ``uid``/``gid``, ``home``, the ``shell`` that runs the command (``-lc``), the
+    default working directory ``cwd`` and the image's environment ``image_env`` (Dockerfile ``ENV``)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    shell: str
+    cwd: str
+    image_env: dict[str, str]
+
+
+def login_for(image: dict[str, Any] | None, user: str) -> Login:
+    """The :class:`Login` of ``user`` (``"user"`` or ``"root"``) in a sandbox of ``image`` (its facts,
+    :attr:`sbx.node.types.SandboxSpec.image`; None: sbx's default image, where ``user`` is uid 1000 in
+    ``/home/user`` and commands run in bash). In a user image, ``"user"`` is the Dockerfile's ``USER`` when it set
+    one (as ``docker run`` would run), else sbx's ``user`` account; the ids and home come from the image's
+    ``/etc/passwd`` as read when it was built; the default directory is its ``WORKDIR`` when it set one."""
+    if image is None:
+        if user == "root":
+            return Login("root", 0, 0, "/root", "/bin/bash", "/root", {})
+        return Login("user", USER_UID, USER_GID, "/home/user", "/bin/bash", "/home/user", {})
+    users: dict[str, Any] = image.get("users") or {}
+    name = "root" if user == "root" else (image.get("user") or "user")
+    default: list[Any] = [0, 0, "/root"] if name == "root" else [USER_UID, USER_GID, "/home/user"]
+    uid, gid, home = (list(users.get(name) or []) or default)[:3]
+    env = {str(k): str(v) for k, v in (image.get("env") or {}).items()}
+    return Login(name, int(uid), int(gid), str(home), str(image.get("shell") or "/bin/sh"),
+                 str(image.get("workdir") or home), env)
+
+
+def _login_env(login: Login, extra: dict[str, str] | None) -> list[str]:
     env = {
-        "HOME": home,
-        "USER": user,
-        "LOGNAME": user,
-        "SHELL": "/bin/bash",
+        "HOME": login.home,
+        "USER": login.name,
+        "LOGNAME": login.name,
+        "SHELL": login.shell,
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "LANG": "C.UTF-8",
         "TERM": "xterm-256color",
     }
+    env.update(login.image_env)
     env.update(extra or {})
     return [f"{k}={v}" for k, v in env.items()]
 
@@ -65,19 +100,20 @@ class ExecMixin(ChannelMixin):
         (124 and ``timed_out`` after ``timeout`` seconds, the command's process group killed). ``stop``: polled
         while it runs; True ends the stream and kills the command. Through the sandbox's exec agent when it
         answers (:mod:`sbx.node.exec.channel`), else ``runc exec``; the two give the same events. Raises
-        ``NodeError`` ``not_running``/``not_found`` before anything runs."""
+        ``NodeError`` ``not_running``/``not_found`` before anything runs. In a sandbox of a user image, the
+        image's user, shell, ``WORKDIR`` and ``ENV`` apply (:func:`login_for`)."""
         self._require_running(id)
         rec = self._record(id)
-        uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
-        home = "/root" if user == "root" else "/home/user"
-        argv = ["/bin/bash", "-lc", command]
-        envs = _login_env(user, self._exec_env(rec, env))
+        login = login_for(self._image_of(rec), user)
+        uid, gid = login.uid, login.gid
+        argv = [login.shell, "-lc", command]
+        envs = _login_env(login, self._exec_env(rec, env))
         if self.settings.exec_channel:
-            started = self._channel_start(id, argv, uid, gid, cwd or home, envs)
+            started = self._channel_start(id, argv, uid, gid, cwd or login.cwd, envs)
             if started is not None:
                 return self._channel_stream(id, *started, timeout, stop)
         pid_file = self._bundle(id) / f"exec-{secrets.token_hex(4)}.pid"
-        proc = self.runtime.exec(id, argv, uid=uid, gid=gid, cwd=cwd or home, env=envs, pid_file=pid_file)
+        proc = self.runtime.exec(id, argv, uid=uid, gid=gid, cwd=cwd or login.cwd, env=envs, pid_file=pid_file)
         return self._stream(proc, pid_file, timeout, stop)
 
     def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None,
@@ -128,8 +164,9 @@ class ExecMixin(ChannelMixin):
             yield ExecEvent(kind="exit", exit_code=code if code >= 0 else 128 - code)
 
     def _root(self, sid: str, script: str, *args: str, input: bytes | None = None) -> bytes:
+        shell = login_for(self._image_of(self._record(sid)), "root").shell
         try:
-            return self.runtime.run(sid, ["/bin/bash", "-c", script, "sbx", *args], input=input)
+            return self.runtime.run(sid, [shell, "-c", script, "sbx", *args], input=input)
         except RuntimeError_ as e:
             raise NodeError("exec_failed", e.detail) from e
 
@@ -148,19 +185,24 @@ class ExecMixin(ChannelMixin):
         self._require_running(id)
         job = "job_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
         rec = self._record(id)
-        uid = "0" if user == "root" else str(USER_UID)
-        home = cwd or ("/root" if user == "root" else "/home/user")
-        env_args = [f"--setenv={e}" for e in _login_env(user, self._exec_env(rec, env))]
+        image = self._image_of(rec)
+        if image is not None and image.get("init") != "systemd":
+            raise NodeError("not_supported", "detached commands need systemd, and this sandbox's image has none "
+                                             "(it runs sbx's minimal init): run the command attached")
+        login = login_for(image, user)
+        uid = str(login.uid)
+        home = cwd or login.cwd
+        env_args = [f"--setenv={e}" for e in _login_env(login, self._exec_env(rec, env))]
         limit = f"timeout -k 5 {min(float(timeout), 1e7):.3f} " if timeout else ""
         script = (
             'set -e; d="$1"; shift; mkdir -p "$d"; chmod 0755 "$(dirname "$d")"; printf "%s" "$CMD" > "$d/cmd"; '
             'printf "%s" "$STDIN" > "$d/stdin"; '
-            'date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started"; chown -R "$UIDN:$UIDN" "$d"; '
-            'systemd-run --quiet --collect --unit="sbx-$JOB" --uid="$UIDN" --gid="$UIDN" --property=OOMPolicy=continue '
+            'date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started"; chown -R "$UIDN:$GIDN" "$d"; '
+            'systemd-run --quiet --collect --unit="sbx-$JOB" --uid="$UIDN" --gid="$GIDN" --property=OOMPolicy=continue '
             '--working-directory="$HOMED" "$@" /bin/bash -c '
             f'\'{limit}bash -lc "$(cat "$0/cmd")" <"$0/stdin" >"$0/stdout" 2>"$0/stderr"; echo $? > "$0/exit"\' "$d"'
         )
-        full = (f"CMD={shlex.quote(command)} STDIN={shlex.quote(stdin or '')} JOB={job} UIDN={uid} "
+        full = (f"CMD={shlex.quote(command)} STDIN={shlex.quote(stdin or '')} JOB={job} UIDN={uid} GIDN={login.gid} "
                 f"HOMED={shlex.quote(home)}; " + script)
         self._root(id, full, f"{JOBS_DIR}/{job}", *env_args)
         return JobInfo(id=job, command=command, running=True, exit_code=None, started_at=now())
@@ -230,9 +272,9 @@ class ExecMixin(ChannelMixin):
         (runc ``exec --tty`` relays it into the container), stderr is merged into it."""
         self._require_running(id)
         rec = self._record(id)
-        uid, gid = (0, 0) if user == "root" else (USER_UID, USER_GID)
-        home = "/root" if user == "root" else "/home/user"
-        envs = _login_env(user, self._exec_env(rec, env))
+        login = login_for(self._image_of(rec), user)
+        uid, gid, home = login.uid, login.gid, login.home
+        envs = _login_env(login, self._exec_env(rec, env))
         if tty:
             import pty
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Size
+from sbx.guest import minimal
 from sbx.node.agentbase import NodeBase
 from sbx.node.container import guestfs, lxcfs, rootfs
 from sbx.node.network import bridge as network
@@ -45,11 +46,11 @@ class LifecycleMixin(NodeBase):
         size's memory template is restored when one is ready (:mod:`sbx.node.memory.templates`); a cold boot asks for
         the template to be built. Returns how it started: ``"pool"``, ``"template"`` or ``"boot"``."""
         with self._lock(spec.id):
-            base = self.image if from_snapshot is None else self._snapshot_path(from_snapshot)
+            base = self._base_for(spec.image) if from_snapshot is None else self._snapshot_path(from_snapshot)
             if not base.is_file():
                 raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
             use_template = from_snapshot is None and not cold and self.settings.templates
-            if self._pool_claim(spec, use=use_template):
+            if self._pool_claim(spec, use=use_template and spec.image is None):  # warm ones are of the default image
                 return "pool"
             self._new_record(spec)
             if use_template and self._create_from_template(spec):
@@ -62,7 +63,7 @@ class LifecycleMixin(NodeBase):
             self._set_phase(spec.id, "stopped", startedFrom="boot")
             self._boot(spec.id, spec.size, fresh_identity=True)
         if from_snapshot is None:
-            self._want_template(spec.size)
+            self._want_template(spec.size, spec.image)
         return "boot"
 
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
@@ -88,6 +89,7 @@ class LifecycleMixin(NodeBase):
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
             uid_base=rec.get("uidBase", 0),
             mask_dir=str(_mask_dir(bundle)),
+            init_args=list(minimal.MINIMAL_INIT_ARGS) if _minimal(self._image_of(rec)) else None,
             # a stdlib-only client: the node's hook server does the work (sbx.node.network.hookd; ~0.25 s less
             # per restore)
             hook_argv=[sys.executable, "-I", "-S",
@@ -160,12 +162,17 @@ class LifecycleMixin(NodeBase):
 
     def _wait_ready(self, sid: str) -> str:
         """Poll ``systemctl is-system-running`` until ``running`` or ``degraded`` (runtime-facts: ``--wait``
-        too early fails with "Failed to connect to bus"). Returns the state; raises ``NodeError`` on timeout."""
+        too early fails with "Failed to connect to bus"); for an image booted by sbx's minimal init
+        (:mod:`sbx.guest.minimal`), until its ready file exists (state ``running``). Returns the state; raises
+        ``NodeError`` on timeout."""
         deadline = time.monotonic() + READY_TIMEOUT
         state = ""
+        probe = ["systemctl", "is-system-running"]
+        if _minimal(self._image_of(self._record(sid))):
+            probe = ["/bin/sh", "-c", f"test -e {minimal.MINIMAL_READY_FILE} && echo running || echo starting"]
         while time.monotonic() < deadline:
             p = subprocess.run(
-                self.runtime.cmd("exec", sid, "systemctl", "is-system-running"),
+                self.runtime.cmd("exec", sid, *probe),
                 capture_output=True,
                 text=True,
                 stdin=subprocess.DEVNULL,
@@ -209,6 +216,12 @@ class LifecycleMixin(NodeBase):
         is 0 there); read and write it with :mod:`sbx.node.container.guestfs` only."""
         self._require_running(sid)
         yield self._hostroot(sid)
+
+
+def _minimal(image: dict[str, Any] | None) -> bool:
+    """Whether a sandbox of ``image`` (its facts; None: the default image) boots with sbx's minimal init rather
+    than systemd."""
+    return image is not None and image.get("init") == "minimal"
 
 
 def _mask_dir(bundle: Path) -> Path:

@@ -65,13 +65,17 @@ class TemplateMixin(NodeBase):
     def templates_dir(self) -> Path:
         return self.settings.node_dir / "templates"
 
-    def _template_key(self, size: Size) -> str:
-        return f"{self.image.stem}-{size.name}"
+    def _template_key(self, size: Size, image: dict[str, Any] | None = None) -> str:
+        """``<image key>-<size name>``: the default image's recipe hash, or a user image's key
+        (:attr:`sbx.node.types.SandboxSpec.image`)."""
+        return f"{self.image.stem if image is None else image['key']}-{size.name}"
 
-    def template_ready(self, size: Size) -> Path | None:
-        """The folder of a complete template for ``size``, this image recipe and this host (CPU, kernel, CRIU),
-        or None."""
-        d = self.templates_dir / self._template_key(size)
+    def template_ready(self, size: Size, image: dict[str, Any] | None = None) -> Path | None:
+        """The folder of a complete template for ``size`` of ``image`` (None: the default image) on this host (CPU,
+        kernel, CRIU), or None. Images booted by sbx's minimal init have none (their sandboxes always cold boot)."""
+        if image is not None and image.get("init") != "systemd":
+            return None
+        d = self.templates_dir / self._template_key(size, image)
         try:
             meta = json.loads((d / "template.json").read_text())
         except (OSError, ValueError):
@@ -91,12 +95,14 @@ class TemplateMixin(NodeBase):
             out.append({k: meta.get(k) for k in ("key", "size", "image", "createdAt")})
         return out
 
-    def _want_template(self, size: Size) -> None:
-        """Start building the template of ``size`` in a background thread unless templates are off, it exists or
-        is being built."""
-        if not self.settings.templates or self.template_ready(size) is not None:
+    def _want_template(self, size: Size, image: dict[str, Any] | None = None) -> None:
+        """Start building the template of ``size`` of ``image`` (None: the default image) in a background thread
+        unless templates are off, it exists, is being built, or the image has no systemd (minimal init)."""
+        if not self.settings.templates or self.template_ready(size, image) is not None:
             return
-        key = self._template_key(size)
+        if image is not None and image.get("init") != "systemd":
+            return
+        key = self._template_key(size, image)
         with self._template_guard:
             if key in self._template_builds:
                 return
@@ -104,8 +110,9 @@ class TemplateMixin(NodeBase):
 
         def run() -> None:
             try:
-                self.build_template(size)
-                self._pool_fill_later(size)
+                self.build_template(size, image)
+                if image is None:  # warm sandboxes are of the default image only
+                    self._pool_fill_later(size)
             except Exception as e:  # a background build must never take the server down
                 log.warning("template %s: build failed: %s", key, e)
             finally:
@@ -114,16 +121,16 @@ class TemplateMixin(NodeBase):
 
         threading.Thread(target=run, name=f"template-{key}", daemon=True).start()
 
-    def build_template(self, size: Size) -> Path:
-        """Build the template of ``size`` now (see the module docstring) and return its folder; an existing
-        complete one is returned as is. Raises ``NodeError`` (``boot_failed``, ``template_failed``); whatever was
-        half made is removed again."""
-        key = self._template_key(size)
+    def build_template(self, size: Size, image: dict[str, Any] | None = None) -> Path:
+        """Build the template of ``size`` of ``image`` (None: the default image) now (see the module docstring)
+        and return its folder; an existing complete one is returned as is. Raises ``NodeError`` (``boot_failed``,
+        ``template_failed``, ``image_missing``); whatever was half made is removed again."""
+        key = self._template_key(size, image)
         with self._lock(f"template-{key}"):  # one build of a template at a time; a second caller finds it made
-            return self._build_template(size, key)
+            return self._build_template(size, key, image)
 
-    def _build_template(self, size: Size, key: str) -> Path:
-        ready = self.template_ready(size)
+    def _build_template(self, size: Size, key: str, image: dict[str, Any] | None = None) -> Path:
+        ready = self.template_ready(size, image)
         if ready is not None:
             return ready
         final = self.templates_dir / key
@@ -135,11 +142,11 @@ class TemplateMixin(NodeBase):
         remove_tree(staging)
         remove_tree(final)
         try:
-            spec = SandboxSpec(id=sid, hostname=TEMPLATE_HOSTNAME, size=size)
+            spec = SandboxSpec(id=sid, hostname=TEMPLATE_HOSTNAME, size=size, image=image)
             with self._lock(sid):
                 self._new_record(spec, template=key)
                 try:
-                    disks.create_disk(self.image, self._disk(sid), size.disk_mib)
+                    disks.create_disk(self._base_for(image), self._disk(sid), size.disk_mib)
                 except StorageError as e:
                     raise NodeError("template_failed", f"disk: {e}") from e
                 self._set_phase(sid, "stopped")
@@ -165,7 +172,7 @@ class TemplateMixin(NodeBase):
                 os.replace(self._disk(sid), staging / "disk.ext4")
                 copy_image(self._memory(sid), staging / "memory", 0)
                 disks.test_hold(TEST_HOLD_TEMPLATE_ENV, self.templates_dir / "build-hold")
-                meta = {"key": key, "size": size.name, "image": self.image.stem, "uidBase": base,
+                meta = {"key": key, "size": size.name, "image": key.rsplit("-", 1)[0], "uidBase": base,
                         "hostname": TEMPLATE_HOSTNAME, "createdAt": now(),
                         "host": criu.host_fingerprint(str(self.runtime.criu))}
                 tmp = staging / "template.json.tmp"
@@ -187,7 +194,7 @@ class TemplateMixin(NodeBase):
         """Start the new sandbox ``spec`` (record in phase ``creating``, no disk yet) from its size's template
         (``identity`` false: without its SSH host keys, for a warm sandbox: :mod:`sbx.node.memory.warmpool`). Returns
         False (nothing left behind) when there is no template or its restore failed: cold boot then."""
-        tdir = self.template_ready(spec.size)
+        tdir = self.template_ready(spec.size, spec.image)
         if tdir is None:
             return False
         meta = json.loads((tdir / "template.json").read_text())
@@ -220,6 +227,8 @@ class TemplateMixin(NodeBase):
             if not d.is_dir():
                 continue
             complete = (d / "template.json").is_file() and not d.name.endswith(".tmp")
-            if not complete or not d.name.startswith(current + "-"):
+            image_key = d.name.rsplit("-", 1)[0]
+            known = image_key == current or (self.settings.images_dir / f"{image_key}.ext4").is_file()
+            if not complete or not known:
                 log.warning("template folder %s is incomplete or of another image: removing it", d.name)
                 remove_tree(d)

@@ -135,7 +135,9 @@ class MigrationMixin(IncomingMixin):
     def _move(self, id: str, target: str, ticket: str, image: dict[str, str] | None, work: Path,
               http: httpx.Client, figures: dict[str, Any]) -> dict[str, Any]:
         t0 = time.monotonic()
-        full = not image or image.get("sha256") != self.base_image_digest()["sha256"]
+        # a sandbox of a user image sends its whole disk: the destination's parent is the default image
+        full = (not image or image.get("sha256") != self.base_image_digest()["sha256"]
+                or self._image_of(self._record(id)) is not None)
         pre = work / "pre.ext4"
         try:
             # under fsfreeze (every acknowledged write is in the copy), keeping its ext4 UUID: the same disk, moving

@@ -172,7 +172,9 @@ class TransferMixin(NodeBase):
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             mine = self.transfer_parent()
-            use_parent = parent is not None and parent.get("sha256") == mine["sha256"]
+            # a sandbox of a user image goes whole: the parent both sides share is the default image
+            use_parent = (parent is not None and parent.get("sha256") == mine["sha256"]
+                          and self._image_of(rec) is None)
             try:
                 delta.export_delta(self._disk(id), self.image if use_parent else None, out / "disk.delta")
             except StorageError as e:
@@ -281,7 +283,8 @@ class TransferMixin(NodeBase):
             spec = man["spec"]
             size = self.settings.size(str(man["size"]))
             fresh = {"freshIdentity": True} if man.get("freshIdentity") else {}  # a fork made to move
-            self._new_record(SandboxSpec(id=id, hostname=spec["hostname"], size=size, env=dict(spec.get("env", {}))),
+            self._new_record(SandboxSpec(id=id, hostname=spec["hostname"], size=size, env=dict(spec.get("env", {})),
+                                         image=spec.get("image")),
                              movedFrom=man.get("from"), **fresh)
             try:
                 parent = self.image if man.get("parent") else None

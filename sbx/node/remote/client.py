@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from sbx import logs
 from sbx.config import Settings
-from sbx.node.remote import wire
+from sbx.node.remote import imagelink, wire
 from sbx.node.remote.egresslink import EgressClient
 from sbx.node.remote.spawned import RemoteProcess
 from sbx.node.types import (
@@ -216,6 +217,16 @@ class RemoteNode(EgressClient):
         return self._call("promote_replica", id)  # type: ignore[no-any-return]
 
     # --- NodeAgent -----------------------------------------------------------------------------------------------
+    def build_image(self, dockerfile: Path, context: Path, progress: Callable[[str], None] | None = None,
+                    bases: dict[str, str] | None = None) -> Any:
+        return imagelink.call_build(self._http, dockerfile, context, progress, bases)
+
+    def import_image(self, archive: Path, progress: Callable[[str], None] | None = None) -> Any:
+        return imagelink.call_import(self._http, archive, progress)
+
+    def delete_image(self, key: str) -> None:
+        self._call("delete_image", key)
+
     def pool_take(self, size: str) -> str | None:
         return self._call("pool_take", size)  # type: ignore[no-any-return]
 

@@ -29,6 +29,8 @@ has the shapes):
   ``transfer_corrupt`` when its SHA-256 differs from the manifest's); ``GET`` with ``?kind=replica``: a file of
   an export for a seal replica;
 - ``PUT /v1/node/replica/<id>/<name>``: a file of a seal replica, likewise (:mod:`sbx.node.migration.replicas`).
+- ``POST /v1/node/images/build`` and ``.../import``: an image built or imported here
+  (:mod:`sbx.node.remote.imagelink`).
 
 The node agent process watches its own sandboxes from its start; each control plane polls ``exits``.
 """
@@ -56,6 +58,7 @@ from sbx import logs, metrics
 from sbx.node.migration.filestream import StreamError
 from sbx.node.remote import wire
 from sbx.node.remote.egresslink import EgressLink, egress_routes
+from sbx.node.remote.imagelink import image_routes
 from sbx.node.remote.relay import make_handler
 from sbx.node.remote.streams import exec_lines, relay_process
 from sbx.node.types import NodeAgent, NodeError
@@ -277,6 +280,7 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
 
     _migration_routes(app, node)
     egress_routes(app, link)
+    image_routes(app, node)
     return app
 
 

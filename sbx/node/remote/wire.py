@@ -54,6 +54,8 @@ CALLS = frozenset({
     "begin_replica", "seal_replica", "drop_replica", "replicas", "promote_replica",
     # which sandboxes go through the egress proxy; its questions have their own routes (sbx.node.remote.egresslink)
     "set_egress_proxy",
+    # images: builds and imports stream on their own routes (sbx.node.remote.imagelink)
+    "delete_image",
 })
 
 

@@ -58,8 +58,10 @@ def test_hash_changes_when_the_recipe_data_changes(monkeypatch: pytest.MonkeyPat
 
 
 def test_every_guest_file_exists_and_every_file_is_installed() -> None:
+    from sbx.node.images.layer import MINIMAL_FILES  # what images without systemd get (sbx.guest.minimal)
+
     root = recipe.files_dir()
-    listed = {f.src for f in recipe.GUEST_FILES}
+    listed = {f.src for f in recipe.GUEST_FILES + MINIMAL_FILES}
     on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
     assert listed == on_disk
     for f in recipe.GUEST_FILES:

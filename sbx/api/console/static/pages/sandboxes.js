@@ -62,13 +62,17 @@ function row(sb, refresh, costs) {
 
 function createForm(refresh) {
   const snapSelect = h("select", { name: "fromSnapshot" }, h("option", { value: "" }, "(fresh image)"));
+  const imageSelect = h("select", { name: "image" }, h("option", { value: "" }, "sbx default (Debian)"));
   attempt(async () => {
     const { snapshots } = await api("GET", "/v1/snapshots");
     for (const s of snapshots) snapSelect.append(h("option", { value: s.name }, `${s.name}${s.auto ? " (auto)" : ""}`));
+    const { images } = await api("GET", "/v1/images");
+    for (const i of images) imageSelect.append(h("option", { value: i.name }, `${i.name}${i.shared ? " (shared)" : ""}`));
   });
   const form = h("form", { class: "create", id: "create-form" },
     h("label", {}, "Size", h("select", { name: "type" }, SIZES.map((s) => h("option", { value: s, selected: s === "small" }, s)))),
     h("label", {}, "Name", h("input", { name: "name", placeholder: "optional" })),
+    h("label", {}, "Image", imageSelect),
     h("label", {}, "From snapshot", snapSelect),
     h("label", {}, "TTL (s)", h("input", { name: "ttl", type: "number", min: "0", placeholder: "server default" })),
     h("button", { type: "submit" }, "Create"));
@@ -78,6 +82,7 @@ function createForm(refresh) {
     const body = { type: f.get("type") };
     if (f.get("name")) body.name = f.get("name");
     if (f.get("fromSnapshot")) body.fromSnapshot = f.get("fromSnapshot");
+    else if (f.get("image")) body.image = f.get("image");
     if (f.get("ttl") !== "") body.ttl = Number(f.get("ttl"));
     const btn = form.querySelector("button");
     btn.disabled = true;
