@@ -5,8 +5,9 @@
 ==============================================  ======================================================  =======
 E2B call                                        sbx                                                     success
 ==============================================  ======================================================  =======
-``POST /sandboxes``, ``POST /v2/sandboxes``     create, waited for; ``templateID`` = a size (``base``:  201
-                                                the default), ``timeout`` = ttl, ``metadata`` = labels,
+``POST /sandboxes``, ``POST /v2/sandboxes``     create, waited for; ``templateID`` = an image name    201
+                                                (``sbx image list``) or a size (``base``: the default),
+                                                ``timeout`` = ttl, ``metadata`` = labels,
                                                 ``envVars`` = env, ``autoResume.enabled``
 ``GET /v2/sandboxes``, ``GET /sandboxes``       list (``state`` running/paused, ``metadata``, ``limit``, 200
                                                 ``nextToken`` / ``X-Next-Token``, ``order``)
@@ -115,15 +116,17 @@ class Api:
 
     def sandbox(self, row: SandboxRow) -> dict[str, Any]:
         """E2B's ``Sandbox`` (the create and connect answer)."""
-        return {"templateID": row.type, "sandboxID": row.id, "clientID": CLIENT_ID, "envdVersion": ENVD_VERSION,
-                "envdAccessToken": access_token(self.secret, row.id), "domain": None, "alias": row.type}
+        return {"templateID": self.template_of(row), "sandboxID": row.id, "clientID": CLIENT_ID,
+                "envdVersion": ENVD_VERSION, "envdAccessToken": access_token(self.secret, row.id), "domain": None,
+                "alias": self.template_of(row)}
 
     def listed(self, row: SandboxRow) -> dict[str, Any]:
         """E2B's ``ListedSandbox``."""
         cpus, mem, disk = self.size(row)
         started = as_utc(row.created_at)
         end = as_utc(row.updated_at) + dt.timedelta(seconds=row.ttl or 10 * 365 * 86400)
-        return {"templateID": row.type, "alias": row.type, "sandboxID": row.id, "clientID": CLIENT_ID,
+        return {"templateID": self.template_of(row), "alias": self.template_of(row), "sandboxID": row.id,
+                "clientID": CLIENT_ID,
                 "startedAt": iso(started), "endAt": iso(max(end, started)), "cpuCount": cpus, "memoryMB": mem,
                 "diskSizeMB": disk, "state": "paused" if row.state in PAUSED else "running",
                 "envdVersion": ENVD_VERSION, "metadata": lifecycle.metadata(row)}
@@ -142,16 +145,35 @@ class Api:
             raise from_node(row.error_code, row.error_message or row.error_code)
         return row
 
+    def template(self, who: Principal, template: str) -> tuple[str, str | None]:
+        """``(size, image name or None)`` of E2B's ``templateID``: ``base`` is sbx's default size and image, a
+        size name that size of the default image, any other name one of the account's images (or a shared one,
+        ``sbx image list``) at the default size. 400 for anything else."""
+        if template == DEFAULT_TEMPLATE:
+            return DEFAULT_SIZE, None
+        if template in self.cp.settings.sizes:
+            return template, None
+        try:
+            found = self.cp.images.find(who.account_id, template)
+        except ControlError:
+            found = None  # not a name an image could have
+        if found is None:
+            raise E2BError(400, f"unknown template {template[:80]!r}; sbx templates are 'base', the sizes "
+                           f"({', '.join(self.cp.settings.sizes)}) and the account's images (`sbx image list`)")
+        return DEFAULT_SIZE, found.name
+
+    @staticmethod
+    def template_of(row: SandboxRow) -> str:
+        """The ``templateID`` a sandbox answers with: its image's name, else its size."""
+        return str((row.image or {}).get("name") or row.type)
+
     # operations (run in worker threads) --------------------------------------------------------------------------
     def create(self, who: Principal, body: dict[str, Any]) -> dict[str, Any]:
         """Create and wait until it runs; the ``Sandbox`` answer."""
         template = body.get("templateID", DEFAULT_TEMPLATE)
         if not isinstance(template, str) or not template:
             raise E2BError(400, "templateID must be a non-empty string")
-        size = DEFAULT_SIZE if template == DEFAULT_TEMPLATE else template
-        if size not in self.cp.settings.sizes:
-            raise E2BError(400, f"unknown template {template[:80]!r}; sbx templates are 'base' and the sizes: "
-                           f"{', '.join(self.cp.settings.sizes)}")
+        size, image = self.template(who, template)
         timeout = body.get("timeout", DEFAULT_TIMEOUT)
         if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
             raise E2BError(400, "timeout must be a whole number of seconds >= 0")
@@ -179,7 +201,7 @@ class Api:
             _status, _code, message, _field = validation_error(list(e.errors()))
             raise E2BError(400, message.replace("labels", "metadata").replace("env", "envVars")) from None
         row = self.cp.create(spec.type, None, spec.ttl, None, False, spec.env, spec.auto_resume, spec.labels,
-                             account_id=who.account_id)
+                             account_id=who.account_id, image=image)
         row = self.settle(row.id)
         if row.state != "running":
             raise E2BError(409, f"sandbox {row.id} is {row.state}, not running")
@@ -216,7 +238,7 @@ class Api:
         rows = [r for r in self.cp.list_sandboxes(wanted or None, who.scope)
                 if ("running" in states and r.state in RUNNING) or ("paused" in states and r.state in PAUSED)]
         if query.get("template"):
-            rows = [r for r in rows if r.type == query["template"]]
+            rows = [r for r in rows if query["template"] in (r.type, self.template_of(r))]
         if query.get("startedAfter"):
             try:
                 after = as_utc(dt.datetime.fromisoformat(query["startedAfter"].replace("Z", "+00:00")))

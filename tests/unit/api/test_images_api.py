@@ -157,3 +157,17 @@ def test_openapi_describes_the_image_routes(api: Api) -> None:
         assert path in doc["paths"]
     build = doc["paths"]["/v1/images/build"]["post"]["responses"]
     assert {"201", "400", "403", "409", "413", "422"} <= set(build)
+
+
+def test_an_e2b_template_id_names_an_image(api: Api) -> None:
+    _build(api, "agent-box")
+    e2b = {"X-API-Key": api.h["Authorization"].split()[1]}
+    r = api.c.post("/e2b/sandboxes", json={"templateID": "agent-box"}, headers=e2b)
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert created["templateID"] == "agent-box"
+    assert api.node.boxes[created["sandboxID"]].spec.image["name"] == "agent-box"
+    listed = api.c.get("/e2b/v2/sandboxes", params={"template": "agent-box"}, headers=e2b).json()
+    assert [s["sandboxID"] for s in listed] == [created["sandboxID"]]
+    r = api.c.post("/e2b/sandboxes", json={"templateID": "no-such-image"}, headers=e2b)
+    assert r.status_code == 400 and "no-such-image" in r.json()["message"]
