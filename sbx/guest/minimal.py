@@ -15,6 +15,8 @@ signal 37 (``SIGRTMIN+3``, systemd's halt) or ``SIGTERM``; the script stops its 
 
 from __future__ import annotations
 
+from sbx.guest.recipe import GuestFile
+
 #: Where the sbx layer puts the static tini in the image.
 MINIMAL_TINI = "/usr/lib/sbx/tini"
 #: The init script (``files/usr/lib/sbx/sbx-init``) in the image.
@@ -25,3 +27,11 @@ MINIMAL_INIT_ARGS = (MINIMAL_TINI, "-g", "--", "/bin/sh", MINIMAL_INIT_SCRIPT)
 MINIMAL_READY_FILE = "/run/sbx-init.ready"
 #: The signals the init script stops on: SIGTERM and SIGRTMIN+3 (37, how the node asks for a halt).
 MINIMAL_STOP_SIGNALS = (15, 37)
+
+#: Guest files a minimal-init image gets (sources under ``sbx/guest/files``); tini comes from the host's static build.
+MINIMAL_FILES = (
+    GuestFile("usr/lib/sbx/sbx-init", MINIMAL_INIT_SCRIPT, 0o755),
+    GuestFile("usr/lib/sbx/sbx-agent", "/usr/lib/sbx/sbx-agent", 0o755),
+    GuestFile("etc/sbx/README", "/etc/sbx/README", 0o644),
+    GuestFile("etc/hosts", "/etc/hosts", 0o644),
+)

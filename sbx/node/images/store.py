@@ -7,8 +7,9 @@ Files, all in ``settings.images_dir`` (beside the default image, :mod:`sbx.node.
 - ``<key>.json``: its :class:`~sbx.node.images.facts.ImageFacts`;
 - ``<key>.oci.tar``: the source image as an OCI archive (before the sbx layer), for a later Dockerfile's ``FROM``
   (:func:`base_archive`);
-- ``<key>.lock``: the build's ``flock`` (two builds of one key share one); ``<key>.inuse``: a running node's hold
-  (:func:`sbx.node.host.image.hold_image`).
+- ``<key>.inuse``: a running node's hold (:func:`sbx.node.host.image.hold_image`);
+- ``.locks/<key>.lock``, ``.locks/build-<input hash>.lock``: the ``flock`` files that make two builds of one image
+  (or of one Dockerfile's inputs) share one (empty files, kept: removing a lock file races its next holder);
 - ``.work/<build>/``: a build's scratch (buildah store, OCI layout, rootfs); removed when the build ends, however it
   ends. ``.builds/<input hash>``: the key a Dockerfile build's inputs gave (the cache of builds).
 
@@ -97,7 +98,7 @@ def delete_image(settings: Settings, key: str) -> None:
     load_facts(settings, key)
     target = image_file(settings, key)
     in_use = target.with_suffix(IN_USE_SUFFIX)
-    with file_lock(target.with_suffix(".lock"), wait=False) as free:
+    with file_lock(_lock(settings, key), wait=False) as free:
         if not free:
             raise ImageError("image_in_use", f"image {key} is being built")
         if in_use.exists():
@@ -109,9 +110,13 @@ def delete_image(settings: Settings, key: str) -> None:
             _remove(settings, key)
 
 
+def _lock(settings: Settings, name: str) -> Path:
+    return settings.images_dir / ".locks" / f"{name}.lock"
+
+
 def _remove(settings: Settings, key: str) -> None:
     d = settings.images_dir
-    for name in (f"{key}.json", f"{key}.ext4", f"{key}.oci.tar", f"{key}.inuse", f"{key}.lock"):
+    for name in (f"{key}.json", f"{key}.ext4", f"{key}.oci.tar", f"{key}.inuse"):
         (d / name).unlink(missing_ok=True)
 
 
@@ -179,7 +184,7 @@ def build_dockerfile(settings: Settings, dockerfile_path: Path, context: Path, p
     inputs = dockerfile.input_hash(resolved, context, digests)
     builds = settings.images_dir / ".builds"
     builds.mkdir(parents=True, exist_ok=True)
-    with file_lock(builds / f"{inputs}.lock"):
+    with file_lock(_lock(settings, f"build-{inputs}")):
         key = _built(settings, builds / inputs)
         if key:
             say(f"cached build: image {key[:12]}")
@@ -261,7 +266,7 @@ def _finish(settings: Settings, key: str, work: Path, network: AbstractContextMa
             uid_base: int | None, say: Progress, source: str, start: float) -> ImageFacts:
     """From the OCI layout ``work/layout`` to image ``key``: unpack, the sbx layer, ext4, facts, the source kept as
     ``<key>.oci.tar``; under the key's lock, at once when it exists."""
-    with file_lock(settings.images_dir / f"{key}.lock"):
+    with file_lock(_lock(settings, key)):
         if _exists(settings, key):
             say(f"image {key[:12]} exists")
             return load_facts(settings, key)
