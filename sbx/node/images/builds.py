@@ -36,7 +36,7 @@ class ImagesMixin(NodeBase):
             return store.build_dockerfile(self.settings, dockerfile, context, progress, network=self._build_net(c),
                                           uid_base=c.uid_base, bases=bases)
 
-    def import_image(self, archive: Path, progress: Progress | None = None) -> ImageFacts:
+    def import_image(self, archive: Path | str, progress: Progress | None = None) -> ImageFacts:
         """Make a sandbox image of ``archive`` (docker-archive, OCI archive or layout, flat rootfs tar:
         :func:`sbx.node.images.store.import_archive`). Returns its facts. Raises
         :class:`sbx.node.images.errors.ImageError`."""

@@ -32,7 +32,8 @@ from pathlib import Path
 from sbx.config import Settings
 from sbx.guest import recipe
 from sbx.node.host.image import IN_USE_SUFFIX, detach_mounts, write_ext4
-from sbx.node.images import buildah, dockerfile, layer, sources
+from sbx.node.images import buildah, layer, sources
+from sbx.node.images import dockerfile as dockerfiles
 from sbx.node.images.buildnet import nameservers
 from sbx.node.images.errors import ImageError
 from sbx.node.images.facts import ImageFacts, parse_env, parse_passwd, user_name, users_of, workdir_of
@@ -120,10 +121,11 @@ def _remove(settings: Settings, key: str) -> None:
         (d / name).unlink(missing_ok=True)
 
 
-def import_archive(settings: Settings, archive: Path, progress: Progress | None = None, *,
+def import_archive(settings: Settings, archive: Path | str, progress: Progress | None = None, *,
                    network: AbstractContextManager[str] | None = None, uid_base: int | None = None) -> ImageFacts:
     """Make a sandbox image of ``archive``: a ``docker save`` archive, an OCI archive, an OCI layout directory, a
-    flat rootfs tar (``docker export``), or a ``docker://`` reference; which one is told by its content
+    flat rootfs tar (``docker export``), or a ``docker://`` reference (a ``str``: a ``Path`` would fold its ``//``);
+    which one is told by its content
     (:func:`sbx.node.images.sources.detect`). ``progress`` gets one-line messages. ``network`` (a context manager
     yielding a network namespace path, entered only when the sbx layer must fetch packages) and ``uid_base`` (a
     reserved host uid range the sbx layer's commands run as) come from the node (:class:`ImagesMixin`); without
@@ -138,7 +140,7 @@ def import_archive(settings: Settings, archive: Path, progress: Progress | None 
     with _work(settings) as work:
         layout = work / "layout"
         if kind == "rootfs-tar":
-            digest = dockerfile.file_digest(Path(archive))
+            digest = dockerfiles.file_digest(Path(archive))
             key = image_key(digest)
             if _exists(settings, key):
                 return load_facts(settings, key)
@@ -149,10 +151,10 @@ def import_archive(settings: Settings, archive: Path, progress: Progress | None 
         return _finish(settings, key, work, network, uid_base, say, source, start)
 
 
-def build_dockerfile(settings: Settings, dockerfile_path: Path, context: Path, progress: Progress | None = None,
+def build_dockerfile(settings: Settings, dockerfile: Path, context: Path, progress: Progress | None = None,
                      *, network: AbstractContextManager[str] | None = None, uid_base: int | None = None,
                      bases: dict[str, Path] | None = None) -> ImageFacts:
-    """Build ``dockerfile_path`` with ``context`` (a folder) by ``buildah bud`` (:mod:`sbx.node.images.buildah`) and
+    """Build ``dockerfile`` with ``context`` (a folder) by ``buildah bud`` (:mod:`sbx.node.images.buildah`) and
     make a sandbox image of the result as :func:`import_archive` does. ``bases`` maps image names a ``FROM`` may use
     to archives (OCI or docker; :func:`base_archive` of an image built before); ``FROM oci-archive:/path`` and
     ``docker-archive:/path`` work as well. ``network`` yields the network namespace RUN steps run in (none without
@@ -164,9 +166,9 @@ def build_dockerfile(settings: Settings, dockerfile_path: Path, context: Path, p
     say = progress or (lambda _m: None)
     start = time.monotonic()
     try:
-        text = dockerfile_path.read_text()
+        text = dockerfile.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ImageError("bad_dockerfile", f"{dockerfile_path}: {e}") from e
+        raise ImageError("bad_dockerfile", f"{dockerfile}: {e}") from e
     if not context.is_dir():
         raise ImageError("copy_source_missing", f"the build context {context} is not a folder")
     named = dict(bases or {})
@@ -176,12 +178,12 @@ def build_dockerfile(settings: Settings, dockerfile_path: Path, context: Path, p
         if kind not in ("oci-archive", "docker-archive"):
             raise ImageError("bad_archive", f"base {path}: a {kind}, not an OCI or docker archive")
         kinds[path] = kind
-    resolved, used = dockerfile.resolve_bases(text, named, kinds)
+    resolved, used = dockerfiles.resolve_bases(text, named, kinds)
     for path in used:
         if not path.is_file():
             raise ImageError("bad_archive", f"FROM {path}: no such archive")
-    digests = [dockerfile.file_digest(p) for p in used]
-    inputs = dockerfile.input_hash(resolved, context, digests)
+    digests = [dockerfiles.file_digest(p) for p in used]
+    inputs = dockerfiles.input_hash(resolved, context, digests)
     builds = settings.images_dir / ".builds"
     builds.mkdir(parents=True, exist_ok=True)
     with file_lock(_lock(settings, f"build-{inputs}")):
