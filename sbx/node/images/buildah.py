@@ -2,7 +2,9 @@
 range, its output streamed, its failures turned into :class:`~sbx.node.images.errors.ImageError` codes.
 
 The command: ``buildah --root <work>/store --runroot <work>/run --storage-driver vfs bud --isolation oci --runtime
-runc --userns-uid-map 0:<base>:65536 --userns-gid-map 0:<base>:65536 --network none|host --layers=false``. A store
+runc --userns-uid-map 0:<base>:65536 --userns-gid-map 0:<base>:65536 --network none|host --memory 4g --cgroup-parent
+/sbx/<node>/build-<id> --layers=false``. RUN steps run in a cgroup below the node's own (its limits hold them too);
+without ``--cgroup-parent`` buildah put them at the hierarchy's root and its ``--memory`` was not applied. A store
 per build because a store that has held one uid map fails (EACCES) under another; vfs because it needs no mounts
 that could outlive a killed build (each step copies the rootfs: a few seconds for a 170 MB base). With a build network
 buildah runs inside the network namespace (``nsenter --net=<path>``) with ``--network host``: ``--network ns:<path>``
@@ -17,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from sbx.node.container import cgroup
 from sbx.node.images.errors import ImageError
 
 #: The tag of the built image in the build's own store.
@@ -36,13 +39,13 @@ def store_args(work: Path) -> list[str]:
 
 
 def bud_argv(work: Path, dockerfile: Path, context: Path, uid_base: int, netns: str | None,
-             dns: list[str]) -> list[str]:
-    """The full command of the build (module docstring)."""
+             dns: list[str], cgroup_parent: str) -> list[str]:
+    """The full command of the build (module docstring); ``cgroup_parent`` is the cgroup path RUN steps run in."""
     m = f"0:{uid_base}:65536"
     argv = [*store_args(work), "bud", "--isolation", "oci", "--runtime", "runc", "--userns-uid-map", m,
             "--userns-gid-map", m, "--network", "host" if netns else "none", *[a for d in dns for a in ("--dns", d)],
-            "--memory", RUN_MEMORY, "--layers=false", "--format", "oci", "-f", str(dockerfile), "-t", BUILT,
-            str(context)]
+            "--memory", RUN_MEMORY, "--cgroup-parent", cgroup_parent, "--layers=false", "--format", "oci",
+            "-f", str(dockerfile), "-t", BUILT, str(context)]
     return ["nsenter", f"--net={netns}", "--", *argv] if netns else argv
 
 
@@ -76,10 +79,11 @@ def classify(lines: list[str], code: int) -> ImageError:
 
 
 def bud(work: Path, dockerfile: Path, context: Path, uid_base: int, netns: str | None, dns: list[str],
-        say: Callable[[str], None]) -> None:
-    """Run the build (``work``: its scratch folder; the result is :data:`BUILT` in the store there); ``say`` gets
-    every output line. Raises :class:`ImageError` (:func:`classify`)."""
-    argv = bud_argv(work, dockerfile, context, uid_base, netns, dns)
+        cgroup_parent: str, say: Callable[[str], None]) -> None:
+    """Run the build (``work``: its scratch folder; the result is :data:`BUILT` in the store there) with its RUN
+    steps in cgroup ``cgroup_parent`` (removed after, whatever is left of it); ``say`` gets every output line.
+    Raises :class:`ImageError` (:func:`classify`)."""
+    argv = bud_argv(work, dockerfile, context, uid_base, netns, dns, cgroup_parent)
     lines: deque[str] = deque(maxlen=400)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -97,6 +101,8 @@ def bud(work: Path, dockerfile: Path, context: Path, uid_base: int, netns: str |
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        cgroup.kill_all(cgroup_parent)
+        cgroup.remove_tree(cgroup_parent)
     if code != 0:
         raise classify(list(lines), code)
 

@@ -195,7 +195,8 @@ def build_dockerfile(settings: Settings, dockerfile: Path, context: Path, progre
             with _claimed(settings, uid_base) as base:
                 (work / "Dockerfile").write_text(resolved)
                 with _entered(network) as netns:  # entered once: RUN steps, then the sbx layer's installs
-                    buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers() if netns else [], say)
+                    buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers() if netns else [],
+                                f"/sbx/{settings.node_name}/build-{work.name}", say)
                     layout = work / "layout"
                     buildah.push(work, layout, sources.TAG)
                     buildah.clean(work)

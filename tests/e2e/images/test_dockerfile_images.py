@@ -24,6 +24,7 @@ import pytest
 
 from sbx.config import Settings, load_settings
 from sbx.guest import minimal, recipe
+from sbx.node.container import cgroup
 from sbx.node.host import aptsources
 from sbx.node.host.image import hold_image
 from sbx.node.images import store
@@ -56,6 +57,7 @@ def node() -> Iterator[Node]:
     finally:
         bridge.remove_bridge(settings.bridge, settings.node_name)
         shutil.rmtree(settings.node_dir, ignore_errors=True)
+        cgroup.remove_tree(f"/sbx/{settings.node_name}")  # what runc made above the builds' cgroups
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +172,9 @@ def test_a_dockerfile_build_has_its_files_env_user_and_the_sbx_layer(node: Node,
 FROM debian-base
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends cowsay \\
     && rm -rf /var/lib/apt/lists/*
-RUN mkdir /probe && cat /proc/self/uid_map > /probe/uid_map && {probe}
+RUN mkdir /probe && cat /proc/self/uid_map > /probe/uid_map && {probe} \
+    && p=$(grep :memory: /proc/self/cgroup | cut -d: -f3) \
+    && cat /sys/fs/cgroup/memory$p/memory.limit_in_bytes > /probe/mem
 COPY hello.txt /opt/hello.txt
 COPY app/ /opt/app/
 ENV GREETING="hi there" APP_HOME=/opt/app
@@ -200,6 +204,7 @@ USER builder
         assert (inside, count) == ("0", "65536") and int(outside) >= 1_000_000  # never host root
         assert (root / "probe/gateway").read_text().strip() == "closed"
         assert (root / "probe/host").read_text().strip() == "closed"
+        assert int((root / "probe/mem").read_text()) == 4 << 30  # buildah.RUN_MEMORY, in the node's cgroup
     assert listener.accepted == 0
     before = _state(node.settings)
     t0 = time.monotonic()
