@@ -119,6 +119,12 @@ def _remove(settings: Settings, key: str) -> None:
     d = settings.images_dir
     for name in (f"{key}.json", f"{key}.ext4", f"{key}.oci.tar", f"{key}.inuse"):
         (d / name).unlink(missing_ok=True)
+    for record in (d / ".builds").glob("*"):  # the cached builds that gave this image
+        try:
+            if record.read_text().strip() == key:
+                record.unlink()
+        except OSError:
+            continue
 
 
 def import_archive(settings: Settings, archive: Path | str, progress: Progress | None = None, *,
