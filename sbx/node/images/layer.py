@@ -41,6 +41,8 @@ PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "sudo", "openss
             "iproute2", "jq", "curl", "ca-certificates", "util-linux", "coreutils")
 #: The static tini copied into minimal-init images.
 TINI_STATIC = Path("/usr/bin/tini-static")
+#: The guest files minimal-init images get (defined in :mod:`sbx.guest.minimal`; this name is kept for callers).
+MINIMAL_FILES = minimal.MINIMAL_FILES
 @dataclass(frozen=True)
 class Layered:
     """What the layer made of the image: ``init`` (``"systemd"`` / ``"minimal"``), ``os_release`` (its
@@ -236,7 +238,7 @@ def _plain_files(rootfs: Path) -> None:
 def _minimal(rootfs: Path, view: Path, base: int) -> None:
     if not TINI_STATIC.is_file():
         raise ImageError("image_build_failed", f"{TINI_STATIC} is missing (package tini; run `sbx setup`)")
-    _install_guest_files(rootfs, minimal.MINIMAL_FILES)
+    _install_guest_files(rootfs, MINIMAL_FILES)
     guestfs.write_file(rootfs, minimal.MINIMAL_TINI, TINI_STATIC.read_bytes(), mode=0o755)
     u = recipe.USER
     script = f"""cut -d: -f1 /etc/passwd | grep -qx {u.name} && exit 0
