@@ -23,7 +23,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench import storage
+from bench import e2bsdk, storage
 from bench.context import (
     TTL,
     Ctx,
@@ -69,7 +69,8 @@ def _mib(nbytes: int) -> str:
 @figure("create", order=10)
 def fig_create(ctx: Ctx) -> list[Row]:
     """``create``: SDK ``Sandbox.create(type="small")`` (waits until it runs) until a first ``exec("true")``
-    answers, one after another; the sandbox is deleted after each run (not timed). Timed once the node is as a
+    answers, one after another; the sandbox is deleted after each run (not timed). Then the same through E2B's
+    SDK (:func:`bench.e2bsdk.create_rows`). Timed once the node is as a
     running installation has it: an untimed first create made the small memory template (a size's first create
     on a new image boots: the ``template`` figure's cold row) and the node's warm sandboxes are ready."""
     samples = []
@@ -88,13 +89,15 @@ def fig_create(ctx: Ctx) -> list[Row]:
             check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
             delete(ctx, sb.id)
             ids.discard(sb.id)
-    return [Row("create", "create small → first exec answered (SDK)", "s", samples)]
+        e2b = e2bsdk.create_rows(ctx, ids)  # E2B's SDK on the same server, same node state
+    return [Row("create", "create small → first exec answered (SDK)", "s", samples), *e2b]
 
 
 @figure("exec", order=20)
 def fig_exec(ctx: Ctx) -> list[Row]:
     """``exec``: round trip of ``exec("true")`` through the SDK (``max(20, 4 × repeats)`` runs) and of the
-    ``sbx exec ID true`` command as a process (``max(5, repeats)`` runs) on one running small sandbox."""
+    ``sbx exec ID true`` command as a process (``max(5, repeats)`` runs) on one running small sandbox; then E2B's
+    ``commands.run("true")`` there, each after an SDK exec, and the difference (:func:`bench.e2bsdk.command_rows`)."""
     with tracked(ctx) as ids:
         sb = new(ctx, ids, "small", "bench-exec")
         wait_exec(sb)
@@ -109,9 +112,11 @@ def fig_exec(ctx: Ctx) -> list[Row]:
             t0 = time.perf_counter()
             ctx.srv.sbx("exec", sb.id, "true")
             cli.append(since(t0))
+        e2b = e2bsdk.command_rows(ctx, sb, max(20, 4 * ctx.repeats))
     return [
         Row("exec", "exec `true` round trip (SDK)", "s", sdk, GOALS["exec"]),
         Row("exec", "sbx exec ID true (whole CLI process)", "s", cli, GOALS["cli"]),
+        *e2b,
     ]
 
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 JOBS_DIR = "/var/lib/sbx-jobs"
 STDIN_DIR = "/tmp/.sbx-e2b-stdin-"
 MARK = "# sbx-e2b:"
+QUICK_POLLS = 60
+"""Polls (5 ms apart) for a quick job's end before its output is streamed instead (:func:`follower_script`)."""
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 """Signals of envd's ``Signal`` enum (JSON names or numbers) and their numbers."""
 
@@ -98,16 +100,21 @@ def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, std
 def follower_script(job: str, from_now: bool) -> str:
     """The root command that prints job ``job``'s pid line, then its output (stdout to stdout, stderr to stderr;
     from the start, or from what is there now with ``from_now``) until it ends, and exits with its exit code. A
-    first line that is not a number means there is no such job."""
+    first line that is not a number means there is no such job. A job that ends within :data:`QUICK_POLLS` polls
+    of 5 ms (most commands) has its output printed at once when it ends; a longer one's is streamed by
+    ``tail -f``, whose end is noticed within 30-60 ms."""
     d = shlex.quote(f"{JOBS_DIR}/{job}")
     start = ('o=$(stat -c %s "$d/stdout" 2>/dev/null || echo 0); e=$(stat -c %s "$d/stderr")' if from_now
              else 'o=0; e=$(( ${#p} + 1 ))')
     return (
         f'd={d}; [ -d "$d" ] || {{ echo none; exit 0; }}\n'
         'i=0; until p=$(head -n1 "$d/stderr" 2>/dev/null) && [ -n "$p" ]; do\n'
-        '  i=$((i+1)); if [ $i -gt 500 ] || [ -e "$d/exit" ]; then p=0; break; fi; sleep 0.02; done\n'
+        '  i=$((i+1)); if [ $i -gt 2000 ] || [ -e "$d/exit" ]; then p=0; break; fi; sleep 0.005; done\n'
         'printf "%s\\n" "$p"\n'
         f'{start}\n'
+        f'i=0; while [ ! -s "$d/exit" ] && [ $i -lt {QUICK_POLLS} ]; do i=$((i+1)); sleep 0.005; done\n'
+        'if [ -s "$d/exit" ]; then tail -c +$((o+1)) "$d/stdout"; tail -c +$((e+1)) "$d/stderr" >&2; '
+        'exit "$(cat "$d/exit")"; fi\n'
         '( while [ ! -s "$d/exit" ]; do sleep 0.03; done ) & w=$!\n'
         'tail -s 0.03 --pid=$w -c +$((o+1)) -f "$d/stdout" & a=$!\n'
         'tail -s 0.03 --pid=$w -c +$((e+1)) -f "$d/stderr" >&2 & b=$!\n'
