@@ -32,7 +32,18 @@ from typing import Any
 from rich.console import Console
 
 # each figure module registers its figures (bench.registry) when imported
-from bench import density, egress, figures, memfigs, migclient, migrate, remote, report, xresume  # noqa: F401
+from bench import (  # noqa: F401,E501
+    density,
+    egress,
+    figures,
+    imagefigs,
+    memfigs,
+    migclient,
+    migrate,
+    remote,
+    report,
+    xresume,
+)
 from bench.context import Ctx
 from bench.registry import figures as registered
 from bench.report import Row

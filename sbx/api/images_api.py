@@ -27,6 +27,7 @@ Errors: 400 ``invalid_image_name``, ``bad_context``, ``dockerfile_missing``, ``b
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import tempfile
@@ -81,7 +82,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         server. RUN steps run as a sandbox's code would: shifted uids, the sandbox network's egress rules."""
         _check_shared(shared, who)
         images.check_new(who.account_id, name)
-        work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads(cp)))
+        work = Path(tempfile.mkdtemp(prefix=f"upload-{os.getpid()}-", dir=_uploads(cp)))
         try:
             await _receive(request, work / "context.tar")
             context = work / "context"
@@ -102,7 +103,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         as a tar) or a flat root filesystem tar (``docker export``)."""
         _check_shared(shared, who)
         images.check_new(who.account_id, name)
-        work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads(cp)))
+        work = Path(tempfile.mkdtemp(prefix=f"upload-{os.getpid()}-", dir=_uploads(cp)))
         try:
             await _receive(request, work / "archive.tar")
         except BaseException:
@@ -136,9 +137,15 @@ def _check_shared(shared: bool, who: Principal) -> None:
 
 
 def _uploads(cp: ControlPlane) -> Path:
+    """``<images_dir>/.uploads`` (made ``0700``), after removing uploads whose server process died (a server
+    killed mid-build leaves its upload there; each one's folder starts with its process id)."""
     d = cp.settings.images_dir / ".uploads"
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o700)
+    for stale in d.iterdir():
+        pid = stale.name.split("-")[1] if stale.name.count("-") >= 2 else ""
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
     return d
 
 

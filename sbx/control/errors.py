@@ -43,7 +43,8 @@ def busy(sandbox_id: str, state: str) -> ControlError:
 
 
 # Node error codes that mean "not possible now" rather than "the node broke".
-NODE_CONFLICT_CODES = {"cpu_mismatch", "no_checkpoint", "memory_unavailable", "not_running", "snapshot_exists"}
+NODE_CONFLICT_CODES = {"cpu_mismatch", "no_checkpoint", "memory_unavailable", "not_running", "snapshot_exists",
+                       "not_supported"}
 
 
 def from_node(code: str, message: str) -> ControlError:

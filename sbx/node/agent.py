@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.node.exec.jobs import ExecMixin
+from sbx.node.images import defaultbase, refs
 from sbx.node.images.builds import ImagesMixin
 from sbx.node.images.facts import ImageFacts
 from sbx.node.lifecycle.containers import LifecycleMixin
@@ -88,20 +89,43 @@ class LocalNode(
                     bases: dict[str, str] | None = None) -> ImageFacts:
         """:meth:`sbx.node.images.builds.ImagesMixin.build_image` with ``bases`` given as ``{name: image key}``
         (what the control plane knows, :meth:`sbx.node.types.NodeAgent.build_image`): each becomes the original
-        image this node kept of that key; a key whose original is gone is left out (its ``FROM`` then fails)."""
+        image this node kept of that key; a key whose original is gone is left out (its ``FROM`` then fails).
+        ``FROM sbx-debian`` is sbx's default image (:mod:`sbx.node.images.defaultbase`)."""
         paths: dict[str, Path] = {}
+        try:
+            text = dockerfile.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if defaultbase.wanted(text):
+            paths[defaultbase.NAME] = defaultbase.default_base_archive(self.settings, self.image)
         for name, key in (bases or {}).items():
             try:
                 paths[name] = self.base_archive(key)
             except NodeError:
                 continue
-        return super().build_image(dockerfile, context, progress, bases=paths)
+        facts = super().build_image(dockerfile, context, progress, bases=paths)
+        refs.add_ref(self.settings, facts.key, self.settings.node_name)
+        return facts
+
+    def import_image(self, archive: Path, progress: Any = None) -> ImageFacts:  # type: ignore[override]
+        """:meth:`sbx.node.images.builds.ImagesMixin.import_image`, marking the image as kept by this node
+        (:mod:`sbx.node.images.refs`)."""
+        facts = super().import_image(archive, progress)
+        refs.add_ref(self.settings, facts.key, self.settings.node_name)
+        return facts
 
     def delete_image(self, key: str) -> None:
-        """:meth:`sbx.node.images.builds.ImagesMixin.delete_image`, with the image's memory templates; an image
-        that is not here is nothing to do."""
+        """:meth:`sbx.node.images.builds.ImagesMixin.delete_image`, with the image's memory templates, once no
+        other node on this host keeps the same image (:mod:`sbx.node.images.refs`); an image that is not here is
+        nothing to do."""
         from sbx.runtime.runc import remove_tree
 
+        try:
+            last = refs.drop_ref(self.settings, key, self.settings.node_name)
+        except ValueError as e:
+            raise NodeError("image_not_found", str(e)) from e
+        if not last:
+            return
         for d in self.templates_dir.glob(f"{key}-*"):
             remove_tree(d)
         try:

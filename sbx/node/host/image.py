@@ -108,6 +108,7 @@ def prune_images(settings: Settings, keep: Path) -> list[Path]:
                 continue
             old.unlink(missing_ok=True)
             old.with_suffix(".json").unlink(missing_ok=True)
+            old.with_suffix(".base.oci.tar").unlink(missing_ok=True)  # its FROM sbx-debian archive, if made
             lock.unlink(missing_ok=True)
             in_use.unlink(missing_ok=True)
             deleted.append(old)

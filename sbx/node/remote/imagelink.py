@@ -15,6 +15,7 @@ before the stream). Deleting an image is the plain call ``delete_image`` (:data:
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import tempfile
@@ -44,7 +45,11 @@ def image_routes(app: FastAPI, node: Any) -> None:
         base = Path(node.settings.images_dir) / ".uploads"
         base.mkdir(parents=True, exist_ok=True)
         base.chmod(0o700)
-        return Path(tempfile.mkdtemp(prefix="node-upload-", dir=base))
+        for stale in base.glob("node-upload-*"):  # of a node process that died mid-build
+            pid = stale.name.split("-")[2]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(stale, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f"node-upload-{os.getpid()}-", dir=base))
 
     async def receive(request: Request, dest: Path) -> None:
         with open(dest, "wb") as f:
