@@ -20,11 +20,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sbx.node.container import cgroup
 from sbx.node.images import usernsexec
 from sbx.node.images.errors import ImageError
 from sbx.storage import idmap
 from sbx.storage.errors import StorageError
 
+#: Memory cap of the commands (bytes).
+MEMORY = 4 << 30
 #: The environment commands inside get (nothing of the host's).
 ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -64,15 +67,17 @@ def shifted_view(rootfs: Path, view: Path, base: int) -> Iterator[Path]:
 
 
 def run_inside(view: Path, base: int, script: str, *, netns: str | None = None, timeout: float = 1800,
-               say: Callable[[str], None] | None = None) -> tuple[int, str]:
+               cgroup_path: str | None = None, say: Callable[[str], None] | None = None) -> tuple[int, str]:
     """Run ``script`` with the image's ``/bin/sh -c`` chrooted into ``view`` (a :func:`shifted_view` of ``base``),
     as root of a user namespace on ``base``, in network namespace ``netns`` (a path) or an empty one. ``say`` gets
-    each output line. Returns ``(exit status, last 60 lines of output)``; after ``timeout`` seconds the command is
-    killed (status -9)."""
+    each output line. With ``cgroup_path`` (``/sbx/<node>/layer-<id>``) the command runs in that cgroup (memory
+    capped at :data:`MEMORY`, below the node's own memory and pids limits; killed and removed after). Returns ``(exit
+    status, last 60 lines of output)``; after ``timeout`` seconds the command is killed (status -9)."""
     inner = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
              *([] if netns else ["--net"]), "--", "/bin/sh", "-c", _SETUP, "sbx-setup", str(view),
              "/bin/sh", "-c", script]
-    argv = [sys.executable, usernsexec.__file__, str(base), "--", *inner]
+    dirs = _make_cgroup(cgroup_path) if cgroup_path else []
+    argv = [sys.executable, usernsexec.__file__, str(base), *dirs, "--", *inner]
     if netns:
         argv = ["nsenter", f"--net={netns}", "--", *argv]
     tail: deque[str] = deque(maxlen=60)
@@ -93,4 +98,22 @@ def run_inside(view: Path, base: int, script: str, *, netns: str | None = None, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if cgroup_path:
+            cgroup.kill_all(cgroup_path)
+            cgroup.remove_tree(cgroup_path)
     return code, "\n".join(tail)
+
+
+def _make_cgroup(path: str) -> list[str]:
+    """The cgroup v1 directories of ``path`` under the memory and pids hierarchies, made, the memory one capped at
+    :data:`MEMORY`."""
+    dirs = []
+    for ctrl in ("memory", "pids"):
+        d = cgroup.CGROUP_ROOT / ctrl / path.lstrip("/")
+        if not (cgroup.CGROUP_ROOT / ctrl).is_dir():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        if ctrl == "memory":
+            (d / "memory.limit_in_bytes").write_text(str(MEMORY))
+        dirs.append(str(d))
+    return dirs

@@ -111,10 +111,11 @@ def _install_guest_files(root: Path, files: tuple[recipe.GuestFile, ...]) -> Non
 
 
 def apply(rootfs: Path, work: Path, uid_base: int, *, network: AbstractContextManager[str] | None,
-          sudo_user: str | None, say: Progress) -> Layered:
+          sudo_user: str | None, say: Progress, cgroup_path: str | None = None) -> Layered:
     """Apply the sbx layer to the unpacked ``rootfs`` (module docstring); ``work`` holds the shifted view's mount
     point; commands run on host range ``uid_base``; ``network`` (entered only when packages must be fetched) yields
-    the namespace apt reaches the mirror from; ``sudo_user`` is the image config's ``USER`` account. Raises
+    the namespace apt reaches the mirror from; ``sudo_user`` is the image config's ``USER`` account; ``cgroup_path``
+    the cgroup the commands run in (:func:`sbx.node.images.guestrun.run_inside`). Raises
     ``ImageError`` (``image_no_shell``, ``unsupported_image``, ``build_step_failed`` for a failed install,
     ``image_build_failed``)."""
     if not has(rootfs, "/bin/sh"):
@@ -125,15 +126,15 @@ def apply(rootfs: Path, work: Path, uid_base: int, *, network: AbstractContextMa
     with shifted_view(rootfs, work / "view", uid_base) as view:
         if not apt and not systemd:
             say("sbx layer: no systemd and no apt: the minimal init")
-            _minimal(rootfs, view, uid_base)
+            _minimal(rootfs, view, uid_base, cgroup_path)
             return Layered("minimal", osr, ())
         installed: tuple[str, ...] = ()
         if apt:
-            installed = _install(view, uid_base, osr, network, say)
+            installed = _install(view, uid_base, osr, network, say, cgroup_path)
         elif not systemd:
             raise ImageError("unsupported_image", "the image has systemd but no apt")
         say("sbx layer: guest files, the user account, units")
-        _customise(rootfs, view, uid_base, sudo_user)
+        _customise(rootfs, view, uid_base, sudo_user, cgroup_path)
     return Layered("systemd", osr, installed)
 
 
@@ -160,8 +161,8 @@ _APT = "apt-get -q -o Dir::Etc::SourceList=/tmp/sbx.list -o Dir::Etc::SourcePart
 
 
 def _install(view: Path, base: int, osr: dict[str, str], network: AbstractContextManager[str] | None,
-             say: Progress) -> tuple[str, ...]:
-    code, out = run_inside(view, base, "for p in " + " ".join(PACKAGES) + "; do "
+             say: Progress, cg: str | None) -> tuple[str, ...]:
+    code, out = run_inside(view, base, cgroup_path=cg, script="for p in " + " ".join(PACKAGES) + "; do "
                            "dpkg-query -W -f '${db:Status-Status}' \"$p\" 2>/dev/null | grep -qx installed"
                            " || echo \"$p\"; done")
     if code != 0:
@@ -180,7 +181,7 @@ def _install(view: Path, base: int, osr: dict[str, str], network: AbstractContex
         "apt-get clean; rm -rf /var/lib/apt/lists/*"
     )
     with network if network is not None else nullcontext(None) as netns:
-        code, out = run_inside(view, base, script, netns=netns, say=lambda line: say("apt: " + line))
+        code, out = run_inside(view, base, script, netns=netns, cgroup_path=cg, say=lambda line: say("apt: " + line))
     if code != 0:
         hint = "" if network is not None else " (no network was given for the install)"
         raise ImageError("build_step_failed",
@@ -188,7 +189,7 @@ def _install(view: Path, base: int, osr: dict[str, str], network: AbstractContex
     return missing
 
 
-def _customise(rootfs: Path, view: Path, base: int, sudo_user: str | None) -> None:
+def _customise(rootfs: Path, view: Path, base: int, sudo_user: str | None, cg: str | None) -> None:
     _install_guest_files(rootfs, recipe.GUEST_FILES)
     u = recipe.USER
     groups = ",".join(u.groups)
@@ -207,7 +208,7 @@ systemctl set-default {recipe.DEFAULT_TARGET}
 rm -f {" ".join(recipe.REMOVE_GLOBS)}
 rm -f /var/cache/apt/archives/*.deb
 """  # noqa: E501
-    code, out = run_inside(view, base, script)
+    code, out = run_inside(view, base, script, cgroup_path=cg)
     if code != 0:
         raise ImageError("image_build_failed", f"sbx layer: customising the image failed (exit {code}):\n"
                                                f"{out[-1500:]}")
@@ -235,7 +236,7 @@ def _plain_files(rootfs: Path) -> None:
         raise ImageError("unsupported_image", f"the image's folders are symlinks where sbx writes files: {e}") from e
 
 
-def _minimal(rootfs: Path, view: Path, base: int) -> None:
+def _minimal(rootfs: Path, view: Path, base: int, cg: str | None) -> None:
     if not TINI_STATIC.is_file():
         raise ImageError("image_build_failed", f"{TINI_STATIC} is missing (package tini; run `sbx setup`)")
     _install_guest_files(rootfs, MINIMAL_FILES)
@@ -247,7 +248,7 @@ echo '{u.name}:x:{u.uid}:{u.gid}:sbx user:{u.home}:/bin/sh' >> /etc/passwd
 cut -d: -f1 /etc/group | grep -qx {u.name} || echo '{u.name}:x:{u.gid}:' >> /etc/group
 mkdir -p {u.home} && chown {u.uid}:{u.gid} {u.home}
 """
-    code, out = run_inside(view, base, script)
+    code, out = run_inside(view, base, script, cgroup_path=cg)
     if code != 0:
         raise ImageError("image_build_failed", f"sbx layer: adding the user account failed (exit {code}):\n"
                                                f"{out[-800:]}")

@@ -289,7 +289,8 @@ def _finish(settings: Settings, key: str, work: Path, network: AbstractContextMa
         except ValueError as e:
             raise ImageError("unsupported_image", str(e)) from e
         with _claimed(settings, uid_base) as base:
-            layered = layer.apply(rootfs, work, base, network=network, sudo_user=wanted, say=say)
+            layered = layer.apply(rootfs, work, base, network=network, sudo_user=wanted, say=say,
+                                  cgroup_path=f"/sbx/{settings.node_name}/layer-{work.name}")
         final = parse_passwd(layer.read_text(rootfs, "/etc/passwd"))
         shell = "/bin/bash" if layer.has(rootfs, "/bin/bash") else "/bin/sh"
         out = work / "image.ext4"

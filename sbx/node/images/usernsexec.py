@@ -1,6 +1,8 @@
 """Run a command as root of a fresh user namespace whose ids 0..65535 are host ids ``BASE..BASE+65535``.
 
-Run as a program by host root (``python usernsexec.py BASE -- ARGV...``; imports no sbx module): it forks a child that
+Run as a program by host root (``python usernsexec.py BASE [CGROUP_DIR...] -- ARGV...``; imports no sbx module): it
+first moves itself into each ``CGROUP_DIR`` (a cgroup v1 directory, e.g. ``/sys/fs/cgroup/memory/sbx/n/layer-x``:
+everything it starts stays under that cgroup's limits), then forks a child that
 unshares a user namespace and waits; the parent writes the child's ``uid_map`` and ``gid_map`` (as host root, so no
 ``/etc/subuid`` entry is needed and ``setgroups`` stays allowed) and lets it go; the child becomes the namespace's
 root (``setresgid``/``setgroups``/``setresuid`` 0, which is host uid ``BASE``) and execs ``ARGV``. Exec as root of
@@ -22,11 +24,20 @@ SIZE = 65536
 
 
 def main(argv: list[str]) -> int:
-    """``argv``: ``BASE -- COMMAND...``; returns the command's exit status (126 when the namespace fails)."""
-    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
-        print("usage: usernsexec.py BASE -- COMMAND...", file=sys.stderr)
+    """``argv``: ``BASE [CGROUP_DIR...] -- COMMAND...``; returns the command's exit status (126 when the namespace
+    fails, 2 for bad arguments)."""
+    if "--" not in argv or not argv[0].isdigit() or argv.index("--") == len(argv) - 1:
+        print("usage: usernsexec.py BASE [CGROUP_DIR...] -- COMMAND...", file=sys.stderr)
         return 2
-    base, command = int(argv[0]), argv[2:]
+    sep = argv.index("--")
+    base, cgroups, command = int(argv[0]), argv[1:sep], argv[sep + 1:]
+    try:
+        for d in cgroups:
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+    except OSError as e:
+        print(f"usernsexec: joining {cgroups}: {e}", file=sys.stderr)
+        return 126
     libc = ctypes.CDLL(None, use_errno=True)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
