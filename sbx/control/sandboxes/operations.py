@@ -73,7 +73,8 @@ class LifecycleOps(ForkOps):
         Raises 400 ``invalid_type``/``invalid_name``/``invalid_ttl``, 404 ``not_found`` for an unknown snapshot
         (the API answers the same for another account's), 403 ``plan_limit``, 507 ``insufficient_capacity``, 409
         ``egress_proxy_unavailable`` (nothing is created); 400 ``invalid_image_name``, 404 ``image_not_found``, 400
-        ``invalid_image`` (both ``image`` and ``from_snapshot``)."""
+        ``invalid_image`` (both ``image`` and ``from_snapshot``), 400 ``image_too_large`` (the image's file is larger
+        than the size's disk)."""
         size = self._size(type)
         _check_name_and_ttl(name, ttl)
         snap = self.store.get_snapshot(from_snapshot) if from_snapshot is not None else None
@@ -83,6 +84,11 @@ class LifecycleOps(ForkOps):
             raise ControlError("invalid_image", "a sandbox comes from an image or from a snapshot, not both "
                                "(a snapshot keeps the image it was taken of)", 400, field="image")
         img_row = self.images.resolve(account_id, image) if image is not None else None
+        if img_row is not None and int((img_row.facts or {}).get("size_bytes") or 0) > size.disk_mib << 20:
+            need = -(-int(img_row.facts["size_bytes"]) // (1 << 30))
+            raise ControlError("image_too_large", f"image {image!r} needs a disk of at least {need} GiB; a "
+                               f"{size.name} sandbox has {size.disk_mib // 1024} GiB: pick a larger type", 400,
+                               field="type")
         image_fields = _image_fields(self, img_row, snap)
         only: str | None = None
         what_new = f"a new {size.name} sandbox"

@@ -171,3 +171,20 @@ def test_an_e2b_template_id_names_an_image(api: Api) -> None:
     assert [s["sandboxID"] for s in listed] == [created["sandboxID"]]
     r = api.c.post("/e2b/sandboxes", json={"templateID": "no-such-image"}, headers=e2b)
     assert r.status_code == 400 and "no-such-image" in r.json()["message"]
+
+
+def test_an_image_larger_than_the_sizes_disk_is_refused_before_anything_is_made(api: Api) -> None:
+    _build(api, "big")
+    from sqlalchemy import update
+
+    from sbx.control.images.catalog import ImageRow
+
+    with api.control.store.session() as s, s.begin():  # the image's file is 3 GiB
+        row = s.get(ImageRow, api.get("/v1/images/big").json()["image"]["id"])
+        s.execute(update(ImageRow).where(ImageRow.id == row.id).values(facts={**row.facts, "size_bytes": 3 << 30}))
+    before = len(api.get("/v1/sandboxes").json()["sandboxes"])
+    r = api.post("/v1/sandboxes", json={"image": "big", "type": "small"})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "image_too_large")
+    assert "pick a larger type" in r.json()["error"]["message"]
+    assert len(api.get("/v1/sandboxes").json()["sandboxes"]) == before
+    assert api.post("/v1/sandboxes?wait=true", json={"image": "big", "type": "xlarge"}).status_code == 200
