@@ -1,6 +1,7 @@
 """The sbx layer every image's root filesystem gets before it becomes a sandbox image.
 
-- An image without ``/bin/sh`` is refused (``image_no_shell``): sbx reaches a sandbox through a shell.
+- An image without ``/bin/sh`` is refused (``image_no_shell``): sbx reaches a sandbox through a shell. Device nodes
+  the image carries are removed (a sandbox's ``/dev`` is its own).
 - **Debian family** (the image has ``apt-get``): the packages a sandbox relies on that it lacks
   (:data:`PACKAGES`) are installed with ``apt-get`` from the host's mirror for the image's ``VERSION_CODENAME``
   (source lines given to apt for this run only, in the run's own ``/tmp``: the image's own apt sources are left as
@@ -84,6 +85,23 @@ def resolve(root: Path, path: str, hops: int = 40) -> Path | None:
     return root.joinpath(*cur)
 
 
+def drop_device_nodes(root: Path) -> int:
+    """Remove every block and character device node under ``root`` (never following a symlink): a sandbox gets its
+    own ``/dev``, and a device node an image carries elsewhere would reach a host device. Returns how many."""
+    count = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue
+            if stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
+                os.unlink(p)
+                count += 1
+    return count
+
+
 def has(root: Path, path: str) -> bool:
     """True when the image has ``path`` (a file after its symlinks, resolved inside the image)."""
     found = resolve(root, path)
@@ -120,6 +138,9 @@ def apply(rootfs: Path, work: Path, uid_base: int, *, network: AbstractContextMa
     ``image_build_failed``)."""
     if not has(rootfs, "/bin/sh"):
         raise ImageError("image_no_shell", "the image has no /bin/sh: sbx needs a shell in the sandbox")
+    dropped = drop_device_nodes(rootfs)
+    if dropped:
+        say(f"sbx layer: removed {dropped} device node(s) the image carried (a sandbox's /dev is its own)")
     osr = parse_os_release(read_text(rootfs, "/etc/os-release") or read_text(rootfs, "/usr/lib/os-release"))
     apt = has(rootfs, "/usr/bin/apt-get")
     systemd = has(rootfs, "/lib/systemd/systemd") or has(rootfs, "/usr/lib/systemd/systemd")

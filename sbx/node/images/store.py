@@ -47,7 +47,7 @@ __all__ = ["ImageError", "ImageFacts", "base_archive", "build_dockerfile", "dele
 Progress = Callable[[str], None]
 
 #: Bump when the sbx layer (:mod:`sbx.node.images.layer`) changes in a way the recipe hash does not show.
-LAYER_VERSION = 1
+LAYER_VERSION = 2
 
 
 def image_key(source_digest: str) -> str:

@@ -119,3 +119,17 @@ def test_load_hold_and_delete(tmp_path: Path) -> None:
     with pytest.raises(ImageError) as e:
         store.delete_image(settings, key)
     assert e.value.code == "image_not_found"
+
+
+def test_device_nodes_go_links_stay(tmp_path: Path) -> None:
+    from sbx.node.images.layer import drop_device_nodes
+
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    (root / "opt").mkdir()
+    os.mknod(root / "dev/null", 0o666 | 0o020000, os.makedev(1, 3))
+    os.mknod(root / "opt/disk", 0o666 | 0o060000, os.makedev(8, 0))
+    os.symlink("/dev/sda", root / "opt/link")
+    (root / "opt/file").write_text("x")
+    assert drop_device_nodes(root) == 2
+    assert sorted(p.name for p in (root / "opt").iterdir()) == ["file", "link"]
