@@ -96,6 +96,10 @@ class Settings:
     address; 0 turns the proxy off (binding a secret then fails with ``409 egress_proxy_unavailable``)."""
     egress_upstream_ca: str = ""
     """A CA file the egress proxy trusts for upstream servers instead of its default bundle (tests, private CAs)."""
+    build_ca_file: str = ""
+    """A PEM bundle that image builds' ``RUN`` steps trust (``SBX_BUILD_CA_FILE``): bound read-only over the image's
+    ``/etc/ssl/certs/ca-certificates.crt`` while they run, never written into the image. For a network whose TLS goes
+    through an inspecting proxy: give a full bundle that includes its CA (e.g. the host's own)."""
     profile: str = "production"
     volume_size_gib: int = 200
     auto_snapshot_seconds: int = 600
@@ -198,6 +202,23 @@ class Settings:
     stats_sample_seconds: float = 5.0
     """Seconds between two stats samples of each running sandbox, kept for the last hour for the console's graphs
     (``GET /v1/sandboxes/{id}/stats``, :mod:`sbx.control.sandboxes.sampler`). 0 = no sampling."""
+    sandbox_dns_rate: float = 50.0
+    """DNS queries per second each sandbox (each source address on the bridge) may send the node's resolver
+    (:mod:`sbx.node.network.resolver`) on average; over it, queries are dropped (no answer) and the server logs it.
+    Must be above 0."""
+    sandbox_dns_burst: int = 200
+    """DNS queries a sandbox may send at once before :attr:`sandbox_dns_rate` applies (its token bucket's size); 1
+    or more."""
+    dns_upstreams: str = ""
+    """Where the node's resolver forwards sandboxes' queries: comma-separated ``IPv4[:port]``
+    (``"192.0.2.53,127.0.0.1:5353"``), tried in order. Empty (the default): the nameservers of the host's
+    ``/etc/resolv.conf``, loopback ones included, read again when the file changes. A bad item stops the server at
+    start."""
+    sandbox_max_connections: int = 4096
+    """Connections (conntrack entries: TCP, UDP flows, ICMP) one sandbox may hold at once through or towards the
+    node (nftables ``ct count`` per source address, :func:`sbx.node.network.ruleset.inet_ruleset`); more are refused
+    (TCP reset, ICMP error) until some end, so one sandbox can't fill the host's conntrack table
+    (``net.netfilter.nf_conntrack_max``). 0 = no limit."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -253,6 +274,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_PROXY_PORT": ("proxy_port", int),
     "SBX_EGRESS_PROXY_PORT": ("egress_proxy_port", int),
     "SBX_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", str),
+    "SBX_BUILD_CA_FILE": ("build_ca_file", str),
     "SBX_PROFILE": ("profile", str),
     "SBX_AUTO_SNAPSHOT_SECONDS": ("auto_snapshot_seconds", int),
     "SBX_AUTO_SNAPSHOT_KEEP": ("auto_snapshot_keep", int),
@@ -285,6 +307,10 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_CONSOLIDATE_LIGHT_FRACTION": ("consolidate_light_fraction", float),
     "SBX_CONSOLIDATE_HEADROOM": ("consolidate_headroom", float),
     "SBX_CONSOLIDATE_MAX_MOVES": ("consolidate_max_moves", int),
+    "SBX_SANDBOX_DNS_RATE": ("sandbox_dns_rate", float),
+    "SBX_SANDBOX_DNS_BURST": ("sandbox_dns_burst", int),
+    "SBX_DNS_UPSTREAMS": ("dns_upstreams", str),
+    "SBX_SANDBOX_MAX_CONNECTIONS": ("sandbox_max_connections", int),
 }
 
 
@@ -300,12 +326,16 @@ def load_settings(**overrides: object) -> Settings:
             if key in Settings.__dataclass_fields__ and key != "sizes":
                 if key in ("home", "state_dir"):
                     value = Path(value)
-                elif key == "egress_allow" and isinstance(value, list):  # TOML may list the ranges
+                elif key in ("egress_allow", "dns_upstreams") and isinstance(value, list):  # TOML may list them
                     value = ",".join(str(v) for v in value)
                 values[key] = value
     for env, (name, kind) in _ENV_FIELDS.items():
         if env in os.environ:
-            values[name] = kind(os.environ[env])
+            try:
+                values[name] = kind(os.environ[env])
+            except ValueError:
+                kind_name = getattr(kind, "__name__", "value")
+                raise ValueError(f"{env}={os.environ[env]!r} is not a valid {kind_name}") from None
     values.update(overrides)
     settings = Settings(**values)  # type: ignore[arg-type]
     if settings.profile == "test":

@@ -102,6 +102,8 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
         "SBX_CONSOLIDATE_SECONDS": "0",  # no move the test did not ask for (test_consolidation.py sets it)
         "SBX_REPLICATE_SECONDS": "0",  # no seal replica the test did not ask for (test_seal_replicas.py sets it)
         "SBX_WARM_POOL": "0",  # no warm sandbox the test did not ask for (test_warm_pool.py sets it)
+        # image builds trust what this host trusts (a TLS-inspecting proxy's CA on some networks)
+        "SBX_BUILD_CA_FILE": "/etc/ssl/certs/ca-certificates.crt",
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         **env_extra,

@@ -39,11 +39,18 @@ def store_args(work: Path) -> list[str]:
 
 
 def bud_argv(work: Path, dockerfile: Path, context: Path, uid_base: int, netns: str | None,
-             dns: list[str], cgroup_parent: str) -> list[str]:
-    """The full command of the build (module docstring); ``cgroup_parent`` is the cgroup path RUN steps run in."""
+             dns: list[str], cgroup_parent: str, ca_file: str | None = None,
+             build_args: dict[str, str] | None = None) -> list[str]:
+    """The full command of the build (module docstring); ``cgroup_parent`` is the cgroup path RUN steps run in;
+    ``ca_file`` a PEM bundle bound read-only over the image's CA bundle while RUN steps run
+    (:attr:`sbx.config.Settings.build_ca_file`); ``build_args`` values for the Dockerfile's ``ARG`` s (the host's
+    registries, :func:`sbx.node.host.mirrors.build_args`)."""
     m = f"0:{uid_base}:65536"
+    ca = ["--volume", f"{ca_file}:/etc/ssl/certs/ca-certificates.crt:ro"] if ca_file else []
+    ca += [a for k, v in sorted((build_args or {}).items()) for a in ("--build-arg", f"{k}={v}")]
     argv = [*store_args(work), "bud", "--isolation", "oci", "--runtime", "runc", "--userns-uid-map", m,
-            "--userns-gid-map", m, "--network", "host" if netns else "none", *[a for d in dns for a in ("--dns", d)],
+            "--userns-gid-map", m, *ca, "--network", "host" if netns else "none",
+            *[a for d in dns for a in ("--dns", d)],
             "--memory", RUN_MEMORY, "--cgroup-parent", cgroup_parent, "--layers=false", "--format", "oci",
             "-f", str(dockerfile), "-t", BUILT, str(context)]
     return ["nsenter", f"--net={netns}", "--", *argv] if netns else argv
@@ -79,11 +86,12 @@ def classify(lines: list[str], code: int) -> ImageError:
 
 
 def bud(work: Path, dockerfile: Path, context: Path, uid_base: int, netns: str | None, dns: list[str],
-        cgroup_parent: str, say: Callable[[str], None]) -> None:
+        cgroup_parent: str, say: Callable[[str], None], ca_file: str | None = None,
+        build_args: dict[str, str] | None = None) -> None:
     """Run the build (``work``: its scratch folder; the result is :data:`BUILT` in the store there) with its RUN
     steps in cgroup ``cgroup_parent`` (removed after, whatever is left of it); ``say`` gets every output line.
     Raises :class:`ImageError` (:func:`classify`)."""
-    argv = bud_argv(work, dockerfile, context, uid_base, netns, dns, cgroup_parent)
+    argv = bud_argv(work, dockerfile, context, uid_base, netns, dns, cgroup_parent, ca_file, build_args)
     lines: deque[str] = deque(maxlen=400)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

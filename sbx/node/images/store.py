@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sbx.config import Settings
 from sbx.guest import recipe
+from sbx.node.host import mirrors
 from sbx.node.host.image import IN_USE_SUFFIX, detach_mounts, write_ext4
 from sbx.node.images import buildah, layer, sources
 from sbx.node.images import dockerfile as dockerfiles
@@ -202,7 +203,8 @@ def build_dockerfile(settings: Settings, dockerfile: Path, context: Path, progre
                 (work / "Dockerfile").write_text(resolved)
                 with _entered(network) as netns:  # entered once: RUN steps, then the sbx layer's installs
                     buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers() if netns else [],
-                                f"/sbx/{settings.node_name}/build-{work.name}", say)
+                                f"/sbx/{settings.node_name}/build-{work.name}", say,
+                                ca_file=_ca_file(settings), build_args=mirrors.build_args())
                     layout = work / "layout"
                     buildah.push(work, layout, sources.TAG)
                     buildah.clean(work)
@@ -325,3 +327,14 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _ca_file(settings: Settings) -> str | None:
+    """The build CA bundle (:attr:`sbx.config.Settings.build_ca_file`), or None. Raises
+    ``ImageError("image_build_failed")`` when it is set but no readable file."""
+    path = settings.build_ca_file
+    if not path:
+        return None
+    if not Path(path).is_file():
+        raise ImageError("image_build_failed", f"SBX_BUILD_CA_FILE {path} is not a file")
+    return path

@@ -24,6 +24,16 @@ def test_run_steps_are_shifted_limited_and_offline_without_a_network() -> None:
     assert argv[-1] == "/ctx"
 
 
+def test_the_build_ca_and_the_hosts_registries_reach_run_steps_only() -> None:
+    argv = bud_argv(Path("/w"), Path("/w/D"), Path("/c"), 1_000_000, None, [], "/sbx/n/b", "/etc/host-ca.pem",
+                    {"NPM_CONFIG_REGISTRY": "https://npm.invalid/"})
+    flags = " ".join(argv)
+    assert "--volume /etc/host-ca.pem:/etc/ssl/certs/ca-certificates.crt:ro" in flags
+    assert "--build-arg NPM_CONFIG_REGISTRY=https://npm.invalid/" in flags
+    assert "--env" not in argv  # nothing of either is written into the image's config
+    assert "--volume" not in bud_argv(Path("/w"), Path("/w/D"), Path("/c"), 1_000_000, None, [], "/sbx/n/b")
+
+
 def test_with_a_network_buildah_runs_inside_it() -> None:
     argv = bud_argv(Path("/w"), Path("/w/D"), Path("/c"), 1_000_000, "/proc/42/ns/net", ["192.0.2.53"], "/sbx/n/b")
     assert argv[:3] == ["nsenter", "--net=/proc/42/ns/net", "--"]
