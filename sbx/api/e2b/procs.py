@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import secrets
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 JOBS_DIR = "/var/lib/sbx-jobs"
 STDIN_DIR = "/tmp/.sbx-e2b-stdin-"
 MARK = "# sbx-e2b:"
+NONCE_MARK = "# sbx-e2b-started-by:"
+START_WAIT = 120.0
+"""Seconds to wait for a job's start when its id is needed after the follower ended."""
 QUICK_POLLS = 60
 """Polls (5 ms apart) for a quick job's end before its output is streamed instead (:func:`follower_script`)."""
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
@@ -72,13 +76,14 @@ def stdin_dir(pid: int) -> str:
 
 
 def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, stdin: bool = False,
-                pty: tuple[int, int] | None = None) -> str:
+                pty: tuple[int, int] | None = None, nonce: str | None = None) -> str:
     """The job command for a process running ``cmd`` with ``args`` (see the module's doc). With ``stdin`` its
     standard input is a named pipe in :func:`stdin_dir` held open by a ``sleep`` (pid in ``holder`` there; started
     from a subshell, so it is no child of the process, which may wait for any child) until ``CloseStdin``;
     :func:`send_input` writes to it. With ``pty`` (``(cols, rows)``) it runs in a terminal of that size made by
     util-linux ``script``, whose pid is the process's (input goes through the same pipe, closed when the program
-    ends: ``script`` waits for the end of its input)."""
+    ends: ``script`` waits for the end of its input). A ``nonce`` is written in a last comment line, for a
+    follower started before the job's id is known (:func:`follower_script`)."""
     info: dict[str, Any] = {"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}
     if pty is not None:
         info["pty"] = True
@@ -94,20 +99,40 @@ def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, std
         pipe = (f's={STDIN_DIR}$$; mkdir -m 700 "$s" && mkfifo "$s/stdin" && '
                 '( sleep infinity > "$s/stdin" & echo $! > "$s/holder" ); export SBX_E2B_STDIN="$s"\n')
         argv += ' < "$s/stdin"'
-    return f"printf '%s\\n' \"$$\" >&2\n{pipe}exec {argv}\n{MARK}{meta}"
+    started_by = f"\n{NONCE_MARK}{nonce}" if nonce else ""
+    return f"printf '%s\\n' \"$$\" >&2\n{pipe}exec {argv}\n{MARK}{meta}{started_by}"
 
 
-def follower_script(job: str, from_now: bool) -> str:
+def _locate(nonce: str) -> str:
+    """Shell setting ``d`` to the folder of the job whose command carries ``nonce`` (a job started at most 10 s
+    ago), polling every 5 ms for 2 s, then every 50 ms up to :data:`START_WAIT`; ``none`` and exit 0 when none
+    appears."""
+    return (
+        f'n={shlex.quote(NONCE_MARK + nonce)}; m=$(mktemp) && touch -d "-10 seconds" "$m" || exit 1; d=; i=0\n'
+        'while :; do\n'
+        f'  for f in {JOBS_DIR}/job_*/cmd; do\n'
+        '    [ "$f" -nt "$m" ] || continue; c=; IFS= read -r -d "" c < "$f"\n'
+        '    case "$c" in *"$n"*) d=${f%/cmd}; break;; esac\n'
+        '  done\n'
+        '  [ -n "$d" ] && break; i=$((i+1))\n'
+        f'  if [ $i -gt {400 + int(START_WAIT * 20)} ]; then rm -f "$m"; echo none; exit 0; fi\n'
+        '  if [ $i -gt 400 ]; then sleep 0.05; else sleep 0.005; fi\n'
+        'done; rm -f "$m"\n'
+    )
+
+
+def follower_script(job: str, from_now: bool, nonce: str | None = None) -> str:
     """The root command that prints job ``job``'s pid line, then its output (stdout to stdout, stderr to stderr;
     from the start, or from what is there now with ``from_now``) until it ends, and exits with its exit code. A
     first line that is not a number means there is no such job. A job that ends within :data:`QUICK_POLLS` polls
     of 5 ms (most commands) has its output printed at once when it ends; a longer one's is streamed by
-    ``tail -f``, whose end is noticed within 30-60 ms."""
-    d = shlex.quote(f"{JOBS_DIR}/{job}")
+    ``tail -f``, whose end is noticed within 30-60 ms. With ``nonce`` (``job`` unused) the job is found by the
+    nonce its command carries (:func:`job_command`): the follower may start before the job does."""
+    where = _locate(nonce) if nonce else f'd={shlex.quote(f"{JOBS_DIR}/{job}")}; '
     start = ('o=$(stat -c %s "$d/stdout" 2>/dev/null || echo 0); e=$(stat -c %s "$d/stderr")' if from_now
              else 'o=0; e=$(( ${#p} + 1 ))')
     return (
-        f'd={d}; [ -d "$d" ] || {{ echo none; exit 0; }}\n'
+        f'{where}[ -d "$d" ] || {{ echo none; exit 0; }}\n'
         'i=0; until p=$(head -n1 "$d/stderr" 2>/dev/null) && [ -n "$p" ]; do\n'
         '  i=$((i+1)); if [ $i -gt 2000 ] || [ -e "$d/exit" ]; then p=0; break; fi; sleep 0.005; done\n'
         'printf "%s\\n" "$p"\n'
@@ -186,10 +211,37 @@ def find(cp: ControlPlane, sandbox_id: str, selector: Any) -> Proc:
                        "not found")
 
 
+@dataclass
+class Launch:
+    """A checked ``StartRequest``: the job command (carrying ``nonce``), its user, env and cwd."""
+
+    command: str
+    user: str
+    env: dict[str, str] | None
+    cwd: str | None
+    nonce: str
+    pty: bool
+
+
 def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str) -> str:
-    """Start the process of a ``StartRequest`` as ``user``; returns its job id. Raises :class:`ConnectError`
-    ``invalid_argument`` for a missing ``process.cmd``, wrong types or a ``cwd`` that is not a directory;
-    ``unimplemented`` for a pty; ``unavailable`` when the sandbox does not run."""
+    """Start the process of a ``StartRequest`` as ``user``; returns its job id (:func:`launch_spec`, then
+    :func:`launch`)."""
+    return launch(cp, sandbox_id, launch_spec(request, user))
+
+
+def launch(cp: ControlPlane, sandbox_id: str, spec: Launch) -> str:
+    """Start the job of ``spec``; its id. ``unavailable`` when the sandbox does not run, ``invalid_argument``
+    for a ``cwd`` that is not a directory."""
+    try:
+        job = cp.exec_detached(sandbox_id, spec.command, user=spec.user, env=spec.env, cwd=spec.cwd)
+    except ControlError as e:
+        raise control_to_connect(e) from None
+    return job.id
+
+
+def launch_spec(request: dict[str, Any], user: str) -> Launch:
+    """The :class:`Launch` of a ``StartRequest`` as ``user``, with a fresh nonce. Raises :class:`ConnectError`
+    ``invalid_argument`` for a missing ``process.cmd`` or wrong types."""
     process = request.get("process")
     if not isinstance(process, dict) or not isinstance(process.get("cmd"), str) or not process["cmd"]:
         raise ConnectError("invalid_argument", "process.cmd is required")
@@ -209,12 +261,9 @@ def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str)
         raise ConnectError("invalid_argument", "stdin must be true or false")
     if any("\0" in s for s in [process["cmd"], *args, *envs, *envs.values()]):
         raise ConnectError("invalid_argument", "NUL bytes are not allowed in a command, its arguments or env")
-    try:
-        job = cp.exec_detached(sandbox_id, job_command(process["cmd"], args, cwd, tag, stdin, size), user=user,
-                               env=dict(envs) or None, cwd=cwd)
-    except ControlError as e:
-        raise control_to_connect(e) from None
-    return job.id
+    nonce = secrets.token_hex(12)
+    return Launch(job_command(process["cmd"], args, cwd, tag, stdin, size, nonce), user, dict(envs) or None, cwd,
+                  nonce, size is not None)
 
 
 def pty_size(value: Any) -> tuple[int, int]:
@@ -227,15 +276,18 @@ def pty_size(value: Any) -> tuple[int, int]:
     return int(cols), int(rows)  # type: ignore[arg-type]
 
 
-def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Callable[[], bool],
-           pty: bool = False) -> Iterator[dict[str, Any]]:
+def follow(cp: ControlPlane, sandbox_id: str, job: str | Callable[[], str], from_now: bool,
+           gone: Callable[[], bool], pty: bool = False, nonce: str | None = None) -> Iterator[dict[str, Any]]:
     """The ``ProcessEvent`` messages of job ``job``: ``{"start": {"pid"}}``, then ``{"data": {"stdout"|"stderr":
     base64}}`` pieces (a ``pty`` process's output is ``{"data": {"pty": base64}}``), then ``{"end": {"exitCode",
     "exited","status"}}``. ``gone()`` True ends the follower (the client left; the process goes on). Raises
     :class:`ConnectError`: ``not_found`` for an unknown job, ``unavailable`` when the sandbox stops meanwhile
-    (the process is kept, with its memory, when it paused)."""
+    (the process is kept, with its memory, when it paused). With ``nonce`` the job is the one whose command carries
+    it, and ``job`` a function that gives its id once it has started (:func:`follower_script`)."""
+    label = nonce if callable(job) else job
     try:
-        lines = cp.exec(sandbox_id, follower_script(job, from_now), 0, "root", None, None, "base64", gone)
+        lines = cp.exec(sandbox_id, follower_script("" if callable(job) else job, from_now, nonce), 0, "root",
+                        None, None, "base64", gone)
     except ControlError as e:
         raise control_to_connect(e) from None
     head = bytearray()
@@ -254,7 +306,7 @@ def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Ca
                 continue
             first, _, data = bytes(head).partition(b"\n")
             if not first.isdigit():
-                raise ConnectError("not_found", f"process of job {job} not found")
+                raise ConnectError("not_found", f"process of job {label} not found")
             started = True
             yield {"start": {"pid": int(first)}}
             if not data:
@@ -267,9 +319,10 @@ def follow(cp: ControlPlane, sandbox_id: str, job: str, from_now: bool, gone: Ca
     if code is None:
         raise ConnectError("unavailable", "the sandbox stopped while the process ran")
     if not started:
-        raise ConnectError("not_found", f"process of job {job} not found")
+        raise ConnectError("not_found", f"process of job {label} not found")
     if code >= 128:  # the follower itself may have been killed (a stop): believe only the job's own exit file
-        rc, out, _ = run_root(cp, sandbox_id, f"cat {shlex.quote(f'{JOBS_DIR}/{job}/exit')}")
+        job_id = job() if callable(job) else job
+        rc, out, _ = run_root(cp, sandbox_id, f"cat {shlex.quote(f'{JOBS_DIR}/{job_id}/exit')}")
         if rc != 0 or not out.strip().lstrip(b"-").isdigit():
             raise ConnectError("unavailable", "the process's output stream ended before the process did")
         code = int(out.strip())
