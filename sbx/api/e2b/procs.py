@@ -10,9 +10,11 @@ CRIU). So each process is a job whose command is::
     # sbx-e2b:<base64 of {"cmd","args","cwd","tag"}>
 
 and its output is followed by an attached exec as root (:func:`follower_script`): it prints the pid line, then
-streams the job's stdout and stderr (``tail -f`` from a byte offset, ending when the job's ``exit`` file appears)
-and exits with the job's exit code. The follower is the only thing a stop kills; a later ``Connect`` starts a new
-one. Nothing runs in the sandbox that sbx does not already run (no envd of its own).
+the job's stdout and stderr (all at once for a job that ends within 0.3 s, else streamed by ``tail -f`` from a
+byte offset until the job's ``exit`` file appears) and exits with the job's exit code. ``Start`` runs the follower
+at the same time as the job's start, finding the job by a nonce its command carries. The follower is the only thing
+a stop kills; a later ``Connect`` starts a new one. Nothing runs in the sandbox that sbx does not already run (no
+envd of its own).
 """
 
 from __future__ import annotations
