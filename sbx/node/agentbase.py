@@ -27,7 +27,7 @@ from sbx.config import Settings, Size
 from sbx.node.container import cgdelegate, cgroup, lxcfs, recovery, rootfs, watch
 from sbx.node.host import aptsources
 from sbx.node.network import bridge as network
-from sbx.node.network import egress, hookd
+from sbx.node.network import egress, hookd, resolver
 from sbx.node.network.egressproxy import EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
@@ -92,17 +92,26 @@ class NodeBase:
         self._departing_guard = threading.Lock()
         self._egress: EgressProxy | None = None  # the credential proxy, once prepare started it
         self._egress_ids: set[str] = set()  # sandboxes whose traffic goes through it
+        self._resolver: resolver.Resolver | None = None  # the sandboxes' DNS resolver, once prepare started it
 
     # ----------------------------------------------------------------- setup
 
     def prepare(self, progress: Callable[[str], None] | None = None) -> None:
         """Make the host ready to run sandboxes: the reflink volume, the base image (built once, cached by its
-        recipe hash), the node's folders and the bridge with its nftables rules. Idempotent."""
+        recipe hash), the node's folders, the bridge with its nftables rules and the sandboxes' DNS resolver on the
+        bridge's gateway (:mod:`sbx.node.network.resolver`). Idempotent. Raises
+        :class:`sbx.node.network.resolver.ResolverConfigError` for bad DNS settings, ``OSError`` when the resolver
+        can't bind the gateway's port 53."""
         from sbx.node.host.image import ensure_image
         from sbx.storage.volume import ensure_volume
 
         say = progress or (lambda _m: None)
         egress.parse_allow(self.settings.egress_allow)  # a bad setting fails the start before any slow step
+        upstreams = resolver.parse_upstreams(self.settings.dns_upstreams)
+        resolver.check_limits(self.settings.sandbox_dns_rate, self.settings.sandbox_dns_burst)
+        if self.settings.sandbox_max_connections < 0:
+            raise resolver.ResolverConfigError(
+                f"sandbox_max_connections: {self.settings.sandbox_max_connections} must be 0 (no limit) or more")
         say("data volume")
         ensure_volume(self.settings)
         say("sandbox image")
@@ -115,9 +124,14 @@ class NodeBase:
         if self._hookd is None:
             self._hookd = hookd.HookServer(self.run_dir / "hookd" / "hook.sock")
         say("network")
-        policy = egress.egress_policy(self.settings.egress_allow, aptsources.mirror_lines_if_any())
+        policy = egress.egress_policy(self.settings.egress_allow, aptsources.mirror_lines_if_any(),
+                                      dns_upstreams=[host for host, _port in upstreams])
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name, policy,
-                              proxy_port=self.settings.egress_proxy_port)
+                              proxy_port=self.settings.egress_proxy_port,
+                              max_connections=self.settings.sandbox_max_connections)
+        say("dns resolver")  # on the gateway, which the bridge holds from here on
+        self._resolver = resolver.ensure_resolver(str(network.gateway_of(self.settings.subnet).ip), 53, upstreams,
+                                                  self.settings.sandbox_dns_rate, self.settings.sandbox_dns_burst)
         if self.settings.egress_proxy_port and self._egress is None:
             say("egress proxy")
             proxy = EgressProxy(self.settings, policy, self.settings.egress_upstream_ca)

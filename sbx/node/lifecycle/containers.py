@@ -26,7 +26,7 @@ from sbx.guest import minimal
 from sbx.node.agentbase import NodeBase
 from sbx.node.container import guestfs, lxcfs, rootfs
 from sbx.node.network import bridge as network
-from sbx.node.network import egress
+from sbx.node.network import resolver
 from sbx.node.types import NodeError, SandboxSpec
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.oci import ContainerSpec, build_config
@@ -122,7 +122,7 @@ class LifecycleMixin(NodeBase):
         guestfs.write_file(
             root, "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n::1 localhost ip6-localhost\n".encode()
         )
-        guestfs.write_file(root, "etc/resolv.conf", _resolv_conf().encode())
+        guestfs.write_file(root, "etc/resolv.conf", _resolv_conf(self._record(sid)["lease"]["gateway"]).encode())
         if fresh:
             guestfs.write_file(root, "etc/machine-id", (uuid.uuid4().hex + "\n").encode(), mode=0o444)
             guestfs.write_file(root, "etc/sbx/identity", f"{sid} {secrets.token_hex(8)}\n".encode())
@@ -238,8 +238,9 @@ def _mask_dir(bundle: Path) -> Path:
     return d
 
 
-def _resolv_conf() -> str:
-    """Nameservers for sandboxes: the host's IPv4 ones, minus loopback ones (a sandbox can't reach the host's own
-    services); the egress policy lets sandboxes reach exactly these on port 53 (:mod:`sbx.node.network.egress`)."""
-    servers = egress.host_nameservers()
-    return "".join(f"nameserver {s}\n" for s in servers) or "# no nameserver reachable from sandboxes\n"
+def _resolv_conf(gateway: str) -> str:
+    """The sandbox's ``resolv.conf``: the node's resolver on its bridge gateway ``gateway`` only
+    (:func:`sbx.node.network.resolver.resolv_conf`); the host's nameservers are out of its reach. After a move to a
+    node of another subnet the old gateway still answers: the node redirects DNS to denied addresses to its own
+    resolver (:func:`sbx.node.network.ruleset.inet_ruleset`)."""
+    return resolver.resolv_conf(gateway)

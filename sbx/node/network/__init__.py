@@ -6,6 +6,7 @@
 - :mod:`sbx.node.network.netlink`: netlink dumps the kernel interrupted, read again;
 - :mod:`sbx.node.network.nsjoin`: work inside one namespace of a sandbox from a thread;
 - :mod:`sbx.node.network.egress`: what sandboxes may reach outside the node (the egress policy);
+- :mod:`sbx.node.network.resolver`: the sandboxes' DNS resolver on the bridge gateway (per-sandbox query limits, logs);
 - :mod:`sbx.node.network.egressproxy`: the egress proxy that injects bound secrets (mitmproxy, its CA);
 - :mod:`sbx.node.network.egressaddon`: the proxy's mitmproxy addon (runs in the proxy's own virtualenv);
 - :mod:`sbx.node.network.hookd`: the node's hook server, doing the prestart hook's work in process;

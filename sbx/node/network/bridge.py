@@ -102,13 +102,16 @@ def allocate(subnet: str, taken: set[str]) -> str:
 
 
 def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy | None = None,
-                  proxy_port: int = 0) -> None:
+                  proxy_port: int = 0, max_connections: int = 0) -> None:
     """Create (idempotently) the bridge with the gateway address and its fixed MAC (:func:`bridge_mac`), enable IPv4
     forwarding, set strict ``rp_filter`` on the bridge, (re)load this node's ``inet`` table with ``egress``
-    (default: :class:`EgressPolicy`'s fixed deny list, no exceptions) and the egress proxy's redirect to
-    ``proxy_port`` (0: none; the ``egress_proxied`` set starts empty, see :func:`set_proxied`) and load its
-    ``bridge`` pinning table, keeping the pins of running sandboxes.
-    Raises :class:`sbx.node.network.nft.NftError` if nft rejects the ruleset."""
+    (default: :class:`EgressPolicy`'s fixed deny list, no exceptions), the egress proxy's redirect to
+    ``proxy_port`` (0: none; the ``egress_proxied`` set starts empty, see :func:`set_proxied`), the DNS redirect to
+    the node's resolver and the per-sandbox limit of ``max_connections`` conntrack entries (0: none;
+    :func:`sbx.node.network.ruleset.inet_ruleset`), and load its ``bridge`` pinning table, keeping the pins of
+    running sandboxes. The ``inet`` table is replaced in one transaction: a node killed half-way leaves the old one.
+    Raises :class:`sbx.node.network.nft.NftError` if nft rejects the ruleset, ``ValueError`` for a negative
+    ``max_connections``."""
     gw = gateway_of(subnet)
     with IPRoute() as ipr:
         if not ipr.link_lookup(ifname=bridge):
@@ -124,7 +127,8 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
     _rp_filter(bridge)
     table = ruleset.table_name(node_name)
-    _nft(ruleset.inet_ruleset(table, bridge, subnet, egress or EgressPolicy(), proxy_port))
+    _nft(ruleset.inet_ruleset(table, bridge, subnet, egress or EgressPolicy(), proxy_port,
+                              max_connections=max_connections))
     pins = ruleset.bridge_ruleset(table, ruleset.node_group(node_name))
     try:
         _nft(pins)

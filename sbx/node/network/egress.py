@@ -13,11 +13,14 @@ into nftables:
 - ``allow``: CIDRs from the server setting ``egress_allow`` (``SBX_EGRESS_ALLOW=10.1.0.0/16,192.168.5.7``),
   reachable on every port even inside a denied range.
 - ``services``: exact ``(address, protocol, port)`` exceptions a sandbox needs to work as a Debian machine, also
-  when they sit on private addresses: the nameservers the host's ``/etc/resolv.conf`` lists (UDP and TCP 53;
-  the same ones :func:`host_nameservers` gives the sandboxes' ``resolv.conf``), and the Debian mirrors the image's
-  apt sources name (the node passes them in: :func:`sbx.node.host.aptsources.mirror_lines_if_any`), resolved to
-  IPv4 addresses here, at server start, on the URI's port (80 for ``http``, 443 for ``https``). A mirror that moves
-  to a new address needs a server restart; an apt proxy the guest is told about must be listed in ``egress_allow``.
+  when they sit on private addresses: the Debian mirrors the image's apt sources name (the node passes them in:
+  :func:`sbx.node.host.aptsources.mirror_lines_if_any`), resolved to IPv4 addresses here, at server start, on the
+  URI's port (80 for ``http``, 443 for ``https``). A mirror that moves to a new address needs a server restart; an
+  apt proxy the guest is told about must be listed in ``egress_allow``.
+- ``nameservers``: the host's nameservers (:func:`host_nameservers`) and the node resolver's upstreams. No sandbox
+  reaches them: its DNS (UDP and TCP 53) to any of them, or to any address ``deny`` covers, is redirected to the
+  node's own resolver on the bridge gateway (:mod:`sbx.node.network.resolver`, issue 33), which forwards it with a
+  per-sandbox rate limit.
 """
 
 from __future__ import annotations
@@ -62,11 +65,13 @@ class EgressConfigError(ValueError):
 @dataclass(frozen=True)
 class EgressPolicy:
     """Egress rules for one node: ``deny`` and ``allow`` are IPv4 CIDRs (``"10.0.0.0/8"``); ``services`` are
-    ``(ipv4 address, "tcp" | "udp", port)`` triples reachable even inside a denied range."""
+    ``(ipv4 address, "tcp" | "udp", port)`` triples reachable even inside a denied range; ``nameservers`` are IPv4
+    addresses whose port 53 sandboxes never reach (their queries go to the node's resolver instead)."""
 
     deny: tuple[str, ...] = DEFAULT_DENY
     allow: tuple[str, ...] = ()
     services: tuple[tuple[str, str, int], ...] = ()
+    nameservers: tuple[str, ...] = ()
 
 
 def parse_allow(value: str | Iterable[str]) -> tuple[str, ...]:
@@ -88,8 +93,10 @@ def parse_allow(value: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def host_nameservers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
-    """Nameservers a sandbox uses: the IPv4 ``nameserver`` lines of the host's ``resolv.conf`` in order, minus
-    loopback ones (a stub resolver on the host is out of a sandbox's reach). ``[]`` when the file is unreadable."""
+    """The host's nameservers a sandbox could send packets to: the IPv4 ``nameserver`` lines of the host's
+    ``resolv.conf`` in order, minus loopback ones (a stub resolver on the host is out of a sandbox's reach anyway).
+    Sandboxes don't resolve through them (the node's resolver does: :mod:`sbx.node.network.resolver`); their port 53
+    is redirected to that resolver (:attr:`EgressPolicy.nameservers`). ``[]`` when the file is unreadable."""
     servers = []
     try:
         lines = resolv_conf.read_text().splitlines()
@@ -149,16 +156,18 @@ def host_networks() -> list[str]:
     return sorted(nets)
 
 
-def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] = ()) -> EgressPolicy:
+def egress_policy(allow: str | Iterable[str] = "", apt_lines: Iterable[str] = (),
+                  dns_upstreams: Iterable[str] = ()) -> EgressPolicy:
     """The node's policy: :data:`DEFAULT_DENY` plus :func:`host_networks`, ``allow`` parsed by :func:`parse_allow`
-    (raises :class:`EgressConfigError` when bad), and services for the host's nameservers and the apt mirrors of
-    ``apt_lines`` (the node passes the image's, :func:`sbx.node.host.aptsources.mirror_lines_if_any`). Resolves the
-    mirror host names, so call it once at server start."""
+    (raises :class:`EgressConfigError` when bad), services for the apt mirrors of ``apt_lines`` (the node passes the
+    image's, :func:`sbx.node.host.aptsources.mirror_lines_if_any`), and as ``nameservers`` the host's
+    (:func:`host_nameservers`) plus the non-loopback IPv4 addresses of ``dns_upstreams`` (the node resolver's
+    configured upstreams). Resolves the mirror host names, so call it once at server start."""
     allowed = parse_allow(allow)
     services: list[tuple[str, str, int]] = []
-    for ns in host_nameservers():
-        services += [(ns, "udp", 53), (ns, "tcp", 53)]
     for host, port in mirror_endpoints(apt_lines):
         services += [(ip, "tcp", port) for ip in _resolve_ipv4(host, port)]
     deny = tuple(dict.fromkeys([*DEFAULT_DENY, *host_networks()]))
-    return EgressPolicy(deny=deny, allow=allowed, services=tuple(dict.fromkeys(services)))
+    extra = [a for a in dns_upstreams if not ipaddress.IPv4Address(a).is_loopback]
+    return EgressPolicy(deny=deny, allow=allowed, services=tuple(dict.fromkeys(services)),
+                        nameservers=tuple(dict.fromkeys([*host_nameservers(), *extra])))

@@ -1,11 +1,13 @@
 """The nftables rulesets of a node's network (what they are for: :mod:`sbx.node.network.bridge`): the ``inet``
-table (sandbox isolation, the egress policy, the egress proxy's redirect, masquerading) and the ``bridge`` table that
+table (sandbox isolation, the egress policy, the egress proxy's and the DNS resolver's redirects, the per-sandbox
+connection limit, masquerading) and the ``bridge`` table that
 pins every sandbox port to its own MAC and address, as text for :func:`sbx.node.network.nft.run`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 
 from sbx.node.network.egress import EgressPolicy
 
@@ -50,16 +52,57 @@ def _redirect_rules(bridge: str, proxy_port: int) -> tuple[str, str]:
     return chain, accept
 
 
+def _dns_rules(bridge: str) -> str:
+    """The nat ``prerouting`` chain that sends a sandbox's DNS (UDP and TCP 53) to the node's resolver on the
+    gateway (``redirect``: to the bridge's own address) when it is addressed to the host's nameservers or the
+    resolver's upstreams (``dns_upstreams``: never reached directly) or to an address the egress policy denies (an
+    old ``resolv.conf``, the gateway of the node a sandbox came from); DNS to allowed and public addresses is left
+    alone. The ``input`` chain then admits it as any query to the gateway's port 53."""
+    dns = "meta l4proto { udp, tcp } th dport 53"
+    return f"""
+  chain dns_redirect {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname != "{bridge}" return
+    {dns} ip daddr @dns_upstreams counter name dns_redirected redirect to :53
+    {dns} ip daddr @egress_allow return
+    {dns} ip daddr @egress_deny counter name dns_redirected redirect to :53
+  }}"""
+
+
+def gateway_address(subnet: str) -> str:
+    """The bridge's own address in ``subnet`` (its first host, ``10.88.0.1``), where the resolver listens."""
+    net = ipaddress.IPv4Network(subnet)
+    return str(net.network_address + 1)
+
+
+def _limit_rule(bridge: str, max_connections: int) -> str:
+    """The rule that refuses a sandbox's new connection (any protocol conntrack follows: TCP, UDP, ICMP) while its
+    address already has ``max_connections`` in the conntrack table (``ct count``, kept per source address in the
+    dynamic set ``conn_limit``; counter ``conn_limited``). Refused with a TCP reset or an ICMP error, so the program
+    sees ``ECONNREFUSED`` at once rather than a timeout. None when 0 (no limit)."""
+    if not max_connections:
+        return ""
+    return (f'iifname "{bridge}" ct state new add @conn_limit {{ ip saddr ct count over {max_connections} }} '
+            "counter name conn_limited reject")
+
+
 def inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, proxy_port: int = 0,
-                 proxied: list[str] | None = None) -> str:
+                 proxied: list[str] | None = None, max_connections: int = 0) -> str:
     """The node's ``inet`` table: sandbox isolation (``forward``: no sandbox to sandbox, egress policy; ``input``:
-    from the bridge only replies, the redirected egress-proxy connections and TCP resets) and masquerading. A
-    reset from a sandbox is let in even when conntrack doesn't call it ``established`` (counter
-    ``rst_untracked``): the resets that ``ss -K`` sends at a live migration's freeze must reach peers on the
-    node (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of the sandbox's own
-    address (the bridge's pins stop spoofed sources), which it could end anyway."""
+    from the bridge only replies, DNS to the node's resolver on the gateway, the redirected egress-proxy connections
+    and TCP resets), the DNS redirect (:func:`_dns_rules`), the per-sandbox connection limit ``max_connections``
+    (conntrack entries per source address, 0: none; :func:`_limit_rule`, applied to what a sandbox starts through
+    the host and towards it) and masquerading. A reset from a sandbox is let in even when conntrack doesn't call it
+    ``established`` (counter ``rst_untracked``): the resets that ``ss -K`` sends at a live migration's freeze must
+    reach peers on the node (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of
+    the sandbox's own address (the bridge's pins stop spoofed sources), which it could end anyway.
+    Raises ``ValueError`` when ``subnet`` is not an IPv4 network or ``max_connections`` is negative."""
+    if max_connections < 0:
+        raise ValueError(f"max_connections must be 0 (no limit) or more, not {max_connections}")
     services = [f"{ip} . {proto} . {port}" for ip, proto, port in egress.services]
     redirect, admit = _redirect_rules(bridge, proxy_port)
+    gateway = gateway_address(subnet)
+    limit = _limit_rule(bridge, max_connections)
     return f"""
 table inet {table}
 delete table inet {table}
@@ -67,14 +110,19 @@ table inet {table} {{
   set egress_deny {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.deny))} }}
   set egress_allow {{ type ipv4_addr; flags interval; auto-merge; {_set_elements(list(egress.allow))} }}
   set egress_services {{ type ipv4_addr . inet_proto . inet_service; {_set_elements(services)} }}
-  set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}{redirect}
+  set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}
+  set dns_upstreams {{ type ipv4_addr; {_set_elements(list(egress.nameservers))} }}
+  set conn_limit {{ type ipv4_addr; size 65536; flags dynamic; }}{redirect}{_dns_rules(bridge)}
   counter rst_untracked {{ }}
+  counter dns_redirected {{ }}
+  counter conn_limited {{ }}
   chain forward {{
     type filter hook forward priority 0; policy accept;
     iifname "{bridge}" oifname "{bridge}" drop
     oifname "{bridge}" ct state established,related accept
     oifname "{bridge}" drop
     iifname "{bridge}" meta nfproto != ipv4 drop
+    {limit}
     iifname "{bridge}" ip daddr @egress_allow accept
     iifname "{bridge}" ip daddr . meta l4proto . th dport @egress_services accept
     iifname "{bridge}" ip daddr @egress_deny drop
@@ -83,6 +131,8 @@ table inet {table} {{
     type filter hook input priority 0; policy accept;
     iifname "{bridge}" ct state established,related accept
     iifname "{bridge}" tcp flags & rst == rst counter name rst_untracked accept
+    {limit}
+    iifname "{bridge}" ip daddr {gateway} meta l4proto {{ udp, tcp }} th dport 53 accept
     {admit}
     iifname "{bridge}" drop
   }}

@@ -40,12 +40,17 @@ def test_mirror_endpoints_from_apt_lines() -> None:
     assert egress.mirror_endpoints(lines) == [("mirror.internal", 80), ("sec.example", 8443), ("10.0.0.9", 3142)]
 
 
-def test_policy_allows_nameservers_and_mirror_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_policy_allows_mirror_addresses_and_names_the_nameservers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's nameservers are no service a sandbox reaches any more (issue 33): they are the policy's
+    ``nameservers``, whose port 53 the node redirects to its own resolver, with the resolver's non-loopback
+    upstreams."""
     monkeypatch.setattr(egress, "host_nameservers", lambda: ["10.255.255.53"])
     monkeypatch.setattr(egress, "host_networks", lambda: ["192.0.2.0/24"])
-    p = egress.egress_policy("172.31.0.0/16", apt_lines=["deb http://10.20.30.40/debian bookworm main"])
+    p = egress.egress_policy("172.31.0.0/16", apt_lines=["deb http://10.20.30.40/debian bookworm main"],
+                             dns_upstreams=["127.0.0.53", "198.51.100.53", "10.255.255.53"])
     assert p.allow == ("172.31.0.0/16",)
-    assert set(p.services) == {("10.255.255.53", "udp", 53), ("10.255.255.53", "tcp", 53), ("10.20.30.40", "tcp", 80)}
+    assert set(p.services) == {("10.20.30.40", "tcp", 80)}
+    assert p.nameservers == ("10.255.255.53", "198.51.100.53")
     assert "169.254.0.0/16" in p.deny and "10.0.0.0/8" in p.deny and "192.0.2.0/24" in p.deny
 
 
@@ -72,8 +77,10 @@ def _nft_check(script: str) -> subprocess.CompletedProcess[bytes]:
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nft is a host package of sbx setup")
 def test_rulesets_pass_nft_check() -> None:
     """nft parses and the kernel accepts both tables (``-c``: checked, nothing applied)."""
-    pol = egress.EgressPolicy(allow=("172.31.0.0/16",), services=(("10.255.255.53", "udp", 53),))
-    r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", pol))
+    pol = egress.EgressPolicy(allow=("172.31.0.0/16",), services=(("10.20.30.40", "tcp", 80),),
+                              nameservers=("10.255.255.53",))
+    r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", pol, proxy_port=7443,
+                                        max_connections=4096))
     assert r.returncode == 0, r.stderr.decode()
     r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", egress.EgressPolicy()))
     assert r.returncode == 0, r.stderr.decode()
