@@ -17,18 +17,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sbx.config import Settings
 from sbx.node.images.errors import ImageError
 from sbx.node.network import bridge
-from sbx.node.network.egress import host_nameservers
 
 #: Seconds the holder may take to enter its new network namespace.
 HOLDER_START = 5.0
 
 
-def nameservers() -> list[str]:
-    """The nameservers RUN steps get (``buildah bud --dns``): the host's IPv4 ones minus loopback, the same a
-    sandbox's ``resolv.conf`` lists and the egress policy lets through."""
-    return list(host_nameservers())
+def nameservers(settings: Settings) -> list[str]:
+    """The nameservers RUN steps and the sbx layer's apt get (``buildah bud --dns``): the node's resolver on its
+    bridge gateway (:mod:`sbx.node.network.resolver`, started by the node's ``prepare``), the one a sandbox's
+    ``resolv.conf`` names; the egress rules keep the host's own nameservers out of a sandbox's (and a build's)
+    reach."""
+    return [str(bridge.gateway_of(settings.subnet).ip)]
 
 
 @contextmanager

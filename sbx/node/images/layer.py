@@ -129,11 +129,13 @@ def _install_guest_files(root: Path, files: tuple[recipe.GuestFile, ...]) -> Non
 
 
 def apply(rootfs: Path, work: Path, uid_base: int, *, network: AbstractContextManager[str] | None,
-          sudo_user: str | None, say: Progress, cgroup_path: str | None = None) -> Layered:
+          sudo_user: str | None, say: Progress, cgroup_path: str | None = None, dns: tuple[str, ...] = ()) -> Layered:
     """Apply the sbx layer to the unpacked ``rootfs`` (module docstring); ``work`` holds the shifted view's mount
     point; commands run on host range ``uid_base``; ``network`` (entered only when packages must be fetched) yields
     the namespace apt reaches the mirror from; ``sudo_user`` is the image config's ``USER`` account; ``cgroup_path``
-    the cgroup the commands run in (:func:`sbx.node.images.guestrun.run_inside`). Raises
+    the cgroup the commands run in (:func:`sbx.node.images.guestrun.run_inside`); ``dns`` the nameservers apt uses
+    there (the node's resolver: :func:`sbx.node.images.buildnet.nameservers`; the image's ``resolv.conf`` is
+    replaced while it runs, and emptied after as in every sandbox image). Raises
     ``ImageError`` (``image_no_shell``, ``unsupported_image``, ``build_step_failed`` for a failed install,
     ``image_build_failed``)."""
     if not has(rootfs, "/bin/sh"):
@@ -151,6 +153,11 @@ def apply(rootfs: Path, work: Path, uid_base: int, *, network: AbstractContextMa
             return Layered("minimal", osr, ())
         installed: tuple[str, ...] = ()
         if apt:
+            if dns:
+                try:
+                    guestfs.write_file(rootfs, "etc/resolv.conf", "".join(f"nameserver {d}\n" for d in dns).encode())
+                except guestfs.UnsafePath as e:
+                    raise ImageError("unsupported_image", f"the image's /etc is a symlink: {e}") from e
             installed = _install(view, uid_base, osr, network, say, cgroup_path)
         elif not systemd:
             raise ImageError("unsupported_image", "the image has systemd but no apt")

@@ -202,7 +202,7 @@ def build_dockerfile(settings: Settings, dockerfile: Path, context: Path, progre
             with _claimed(settings, uid_base) as base:
                 (work / "Dockerfile").write_text(resolved)
                 with _entered(network) as netns:  # entered once: RUN steps, then the sbx layer's installs
-                    buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers() if netns else [],
+                    buildah.bud(work, work / "Dockerfile", context, base, netns, nameservers(settings) if netns else [],
                                 f"/sbx/{settings.node_name}/build-{work.name}", say,
                                 ca_file=_ca_file(settings), build_args=mirrors.build_args())
                     layout = work / "layout"
@@ -292,7 +292,8 @@ def _finish(settings: Settings, key: str, work: Path, network: AbstractContextMa
             raise ImageError("unsupported_image", str(e)) from e
         with _claimed(settings, uid_base) as base:
             layered = layer.apply(rootfs, work, base, network=network, sudo_user=wanted, say=say,
-                                  cgroup_path=f"/sbx/{settings.node_name}/layer-{work.name}")
+                                  cgroup_path=f"/sbx/{settings.node_name}/layer-{work.name}",
+                                  dns=tuple(nameservers(settings)))
         final = parse_passwd(layer.read_text(rootfs, "/etc/passwd"))
         shell = "/bin/bash" if layer.has(rootfs, "/bin/bash") else "/bin/sh"
         out = work / "image.ext4"

@@ -9,6 +9,7 @@ Each built image is read back through a read-only loop mount.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ from sbx.node.images import store
 from sbx.node.images.builds import ImagesMixin
 from sbx.node.images.errors import ImageError
 from sbx.node.images.facts import ImageFacts
-from sbx.node.network import bridge, egress
+from sbx.node.network import bridge, egress, resolver
 from tests import imagebases
 from tests.slots import slotted
 
@@ -42,6 +43,17 @@ class Node(ImagesMixin):
     """The image operations of a node, on a bridge of the test's own."""
 
 
+@dataclasses.dataclass(frozen=True)
+class OwnImages(Settings):
+    """Settings whose images folder is this test's own (``<volume>/images-<node>``): other test files build and
+    delete images in the shared folder at the same time (``--dist loadfile``), and this file checks that folder's
+    whole state before and after a failed build. Uid ranges and leases stay the host's, as a real node's."""
+
+    @property
+    def images_dir(self) -> Path:
+        return self.volume / f"images-{self.node_name}"
+
+
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
     if os.geteuid() != 0:
@@ -49,14 +61,20 @@ def node() -> Iterator[Node]:
     missing = [t for t in TOOLS if shutil.which(t) is None]
     assert not missing, f"tools missing (sbx setup installs them): {missing}"
     name, br, subnet = slotted("imgs", "sbximg0", "10.73.0.0/16")
-    settings = load_settings(profile="test", node_name=name, bridge=br, subnet=subnet)
+    base = load_settings(profile="test", node_name=name, bridge=br, subnet=subnet)
+    settings = OwnImages(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    shutil.rmtree(settings.images_dir, ignore_errors=True)  # a killed run's
     policy = egress.egress_policy(settings.egress_allow, aptsources.mirror_lines_if_any())
     bridge.ensure_bridge(settings.bridge, settings.subnet, settings.node_name, policy)
+    gateway = str(bridge.gateway_of(settings.subnet).ip)
+    resolver.ensure_resolver(gateway)  # the builds' DNS, as a node's prepare starts it
     try:
         yield Node(settings)
     finally:
+        resolver.stop_resolver(gateway)
         bridge.remove_bridge(settings.bridge, settings.node_name)
         shutil.rmtree(settings.node_dir, ignore_errors=True)
+        shutil.rmtree(settings.images_dir, ignore_errors=True)
         cgroup.remove_tree(f"/sbx/{settings.node_name}")  # what runc made above the builds' cgroups
 
 
