@@ -219,6 +219,11 @@ class Settings:
     node (nftables ``ct count`` per source address, :func:`sbx.node.network.ruleset.inet_ruleset`); more are refused
     (TCP reset, ICMP error) until some end, so one sandbox can't fill the host's conntrack table
     (``net.netfilter.nf_conntrack_max``). 0 = no limit."""
+    sandbox_connection_rate: int = 200
+    """New connections per second one sandbox may start through or towards the node (bursts of twice that); more
+    are refused like those over :attr:`sandbox_max_connections`. It bounds what closing connections fast leaves in
+    the conntrack table (a closed TCP connection stays there ~120 s in ``TIME_WAIT`` without counting as open):
+    about this x 120 entries per sandbox. 0 = no limit."""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(PRODUCTION_SIZES))
 
     @property
@@ -311,6 +316,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_SANDBOX_DNS_BURST": ("sandbox_dns_burst", int),
     "SBX_DNS_UPSTREAMS": ("dns_upstreams", str),
     "SBX_SANDBOX_MAX_CONNECTIONS": ("sandbox_max_connections", int),
+    "SBX_SANDBOX_CONNECTION_RATE": ("sandbox_connection_rate", int),
 }
 
 

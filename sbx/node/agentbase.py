@@ -27,7 +27,7 @@ from sbx.config import Settings, Size
 from sbx.node.container import cgdelegate, cgroup, lxcfs, recovery, rootfs, watch
 from sbx.node.host import aptsources
 from sbx.node.network import bridge as network
-from sbx.node.network import egress, hookd, resolver
+from sbx.node.network import egress, hookd, resolver, ruleset
 from sbx.node.network.egressproxy import EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
@@ -100,8 +100,9 @@ class NodeBase:
         """Make the host ready to run sandboxes: the reflink volume, the base image (built once, cached by its
         recipe hash), the node's folders, the bridge with its nftables rules and the sandboxes' DNS resolver on the
         bridge's gateway (:mod:`sbx.node.network.resolver`). Idempotent. Raises
-        :class:`sbx.node.network.resolver.ResolverConfigError` for bad DNS settings, ``OSError`` when the resolver
-        can't bind the gateway's port 53."""
+        :class:`sbx.node.network.resolver.ResolverConfigError` for bad DNS settings,
+        :class:`sbx.node.network.ruleset.ConnectionLimitError` for bad connection limits, ``OSError`` when the
+        resolver can't bind the gateway's port 53."""
         from sbx.node.host.image import ensure_image
         from sbx.storage.volume import ensure_volume
 
@@ -109,9 +110,7 @@ class NodeBase:
         egress.parse_allow(self.settings.egress_allow)  # a bad setting fails the start before any slow step
         upstreams = resolver.parse_upstreams(self.settings.dns_upstreams)
         resolver.check_limits(self.settings.sandbox_dns_rate, self.settings.sandbox_dns_burst)
-        if self.settings.sandbox_max_connections < 0:
-            raise resolver.ResolverConfigError(
-                f"sandbox_max_connections: {self.settings.sandbox_max_connections} must be 0 (no limit) or more")
+        ruleset.check_connection_limits(self.settings.sandbox_max_connections, self.settings.sandbox_connection_rate)
         say("data volume")
         ensure_volume(self.settings)
         say("sandbox image")
@@ -128,7 +127,8 @@ class NodeBase:
                                       dns_upstreams=[host for host, _port in upstreams])
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name, policy,
                               proxy_port=self.settings.egress_proxy_port,
-                              max_connections=self.settings.sandbox_max_connections)
+                              max_connections=self.settings.sandbox_max_connections,
+                              connection_rate=self.settings.sandbox_connection_rate)
         say("dns resolver")  # on the gateway, which the bridge holds from here on
         self._resolver = resolver.ensure_resolver(str(network.gateway_of(self.settings.subnet).ip), 53, upstreams,
                                                   self.settings.sandbox_dns_rate, self.settings.sandbox_dns_burst)

@@ -102,16 +102,17 @@ def allocate(subnet: str, taken: set[str]) -> str:
 
 
 def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy | None = None,
-                  proxy_port: int = 0, max_connections: int = 0) -> None:
+                  proxy_port: int = 0, max_connections: int = 0, connection_rate: int = 0) -> None:
     """Create (idempotently) the bridge with the gateway address and its fixed MAC (:func:`bridge_mac`), enable IPv4
     forwarding, set strict ``rp_filter`` on the bridge, (re)load this node's ``inet`` table with ``egress``
     (default: :class:`EgressPolicy`'s fixed deny list, no exceptions), the egress proxy's redirect to
     ``proxy_port`` (0: none; the ``egress_proxied`` set starts empty, see :func:`set_proxied`), the DNS redirect to
-    the node's resolver and the per-sandbox limit of ``max_connections`` conntrack entries (0: none;
-    :func:`sbx.node.network.ruleset.inet_ruleset`), and load its ``bridge`` pinning table, keeping the pins of
-    running sandboxes. The ``inet`` table is replaced in one transaction: a node killed half-way leaves the old one.
-    Raises :class:`sbx.node.network.nft.NftError` if nft rejects the ruleset, ``ValueError`` for a negative
-    ``max_connections``."""
+    the node's resolver and the per-sandbox limits of ``max_connections`` open conntrack entries and
+    ``connection_rate`` new connections per second (0: none; :func:`sbx.node.network.ruleset.inet_ruleset`), and
+    load its ``bridge`` pinning table, keeping the pins of running sandboxes. The ``inet`` table is replaced in one
+    transaction: a node killed half-way leaves the old one.
+    Raises :class:`sbx.node.network.nft.NftError` if nft rejects the ruleset,
+    :class:`sbx.node.network.ruleset.ConnectionLimitError` for a negative limit."""
     gw = gateway_of(subnet)
     with IPRoute() as ipr:
         if not ipr.link_lookup(ifname=bridge):
@@ -128,7 +129,7 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
     _rp_filter(bridge)
     table = ruleset.table_name(node_name)
     _nft(ruleset.inet_ruleset(table, bridge, subnet, egress or EgressPolicy(), proxy_port,
-                              max_connections=max_connections))
+                              max_connections=max_connections, connection_rate=connection_rate))
     pins = ruleset.bridge_ruleset(table, ruleset.node_group(node_name))
     try:
         _nft(pins)

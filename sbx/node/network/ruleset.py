@@ -75,34 +75,66 @@ def gateway_address(subnet: str) -> str:
     return str(net.network_address + 1)
 
 
-def _limit_rule(bridge: str, max_connections: int) -> str:
-    """The rule that refuses a sandbox's new connection (any protocol conntrack follows: TCP, UDP, ICMP) while its
-    address already has ``max_connections`` in the conntrack table (``ct count``, kept per source address in the
-    dynamic set ``conn_limit``; counter ``conn_limited``). Refused with a TCP reset or an ICMP error, so the program
-    sees ``ECONNREFUSED`` at once rather than a timeout. None when 0 (no limit)."""
-    if not max_connections:
-        return ""
-    return (f'iifname "{bridge}" ct state new add @conn_limit {{ ip saddr ct count over {max_connections} }} '
-            "counter name conn_limited reject")
+class ConnectionLimitError(ValueError):
+    """A connection limit setting is wrong; ``code`` is ``invalid_connection_limit`` and ``message`` names it."""
+
+    code = "invalid_connection_limit"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def check_connection_limits(max_connections: int, connection_rate: int) -> None:
+    """Validate the per-sandbox connection limits: ``max_connections`` (conntrack entries, 0 = none) and
+    ``connection_rate`` (new connections per second, 0 = none), both whole numbers >= 0. Raises
+    :class:`ConnectionLimitError` naming the setting."""
+    for name, value in (("sandbox_max_connections", max_connections), ("sandbox_connection_rate", connection_rate)):
+        if not isinstance(value, int) or value < 0:
+            raise ConnectionLimitError(f"{name}: {value!r} must be a whole number, 0 (no limit) or more")
+
+
+def _limit_rules(bridge: str, max_connections: int, connection_rate: int) -> str:
+    """The rules that refuse a sandbox's new connection (any protocol conntrack follows: TCP, UDP, ICMP):
+
+    - over ``connection_rate`` new connections per second (burst: twice that) from its address (dynamic set
+      ``conn_rate``): a closed TCP connection stays in the conntrack table for ``TIME_WAIT`` (120 s) without
+      counting as open, so this bounds what churn can leave there (about rate x 120 entries);
+    - while its address already has ``max_connections`` open in the conntrack table (``ct count``, per source
+      address in the dynamic set ``conn_limit``; TCP connections in ``TIME_WAIT`` or ``CLOSE`` no longer count).
+
+    Counter ``conn_limited`` counts both. Refused by chain ``conn_refuse``: TCP with a reset, so the program sees
+    ``ECONNREFUSED`` at once (the kernel rate-limits ICMP errors, resets it doesn't), the rest with an ICMP port
+    unreachable. Empty when both are 0."""
+    new = f'iifname "{bridge}" ct state new'
+    rules = []
+    if connection_rate:
+        rules.append(f"{new} add @conn_rate {{ ip saddr limit rate over {connection_rate}/second burst "
+                     f"{2 * connection_rate} packets }} counter name conn_limited jump conn_refuse")
+    if max_connections:
+        rules.append(f"{new} add @conn_limit {{ ip saddr ct count over {max_connections} }} "
+                     "counter name conn_limited jump conn_refuse")
+    return "\n    ".join(rules)
 
 
 def inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, proxy_port: int = 0,
-                 proxied: list[str] | None = None, max_connections: int = 0) -> str:
+                 proxied: list[str] | None = None, max_connections: int = 0, connection_rate: int = 0) -> str:
     """The node's ``inet`` table: sandbox isolation (``forward``: no sandbox to sandbox, egress policy; ``input``:
     from the bridge only replies, DNS to the node's resolver on the gateway, the redirected egress-proxy connections
-    and TCP resets), the DNS redirect (:func:`_dns_rules`), the per-sandbox connection limit ``max_connections``
-    (conntrack entries per source address, 0: none; :func:`_limit_rule`, applied to what a sandbox starts through
-    the host and towards it) and masquerading. A reset from a sandbox is let in even when conntrack doesn't call it
-    ``established`` (counter ``rst_untracked``): the resets that ``ss -K`` sends at a live migration's freeze must
-    reach peers on the node (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of
-    the sandbox's own address (the bridge's pins stop spoofed sources), which it could end anyway.
-    Raises ``ValueError`` when ``subnet`` is not an IPv4 network or ``max_connections`` is negative."""
-    if max_connections < 0:
-        raise ValueError(f"max_connections must be 0 (no limit) or more, not {max_connections}")
+    and TCP resets), the DNS redirect (:func:`_dns_rules`), the per-sandbox connection limits ``max_connections``
+    (open conntrack entries per source address) and ``connection_rate`` (new ones per second; 0: no limit;
+    :func:`_limit_rules`, applied to what a sandbox starts through the host and towards it) and masquerading. A
+    reset from a sandbox is let in even when conntrack doesn't call it ``established`` (counter ``rst_untracked``):
+    the resets that ``ss -K`` sends at a live migration's freeze must reach peers on the node
+    (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of the sandbox's own
+    address (the bridge's pins stop spoofed sources), which it could end anyway.
+    Raises ``ValueError`` when ``subnet`` is not an IPv4 network, :class:`ConnectionLimitError` (a ``ValueError``)
+    for a negative limit."""
+    check_connection_limits(max_connections, connection_rate)
     services = [f"{ip} . {proto} . {port}" for ip, proto, port in egress.services]
     redirect, admit = _redirect_rules(bridge, proxy_port)
     gateway = gateway_address(subnet)
-    limit = _limit_rule(bridge, max_connections)
+    limit = _limit_rules(bridge, max_connections, connection_rate)
     return f"""
 table inet {table}
 delete table inet {table}
@@ -112,10 +144,15 @@ table inet {table} {{
   set egress_services {{ type ipv4_addr . inet_proto . inet_service; {_set_elements(services)} }}
   set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}
   set dns_upstreams {{ type ipv4_addr; {_set_elements(list(egress.nameservers))} }}
-  set conn_limit {{ type ipv4_addr; size 65536; flags dynamic; }}{redirect}{_dns_rules(bridge)}
+  set conn_limit {{ type ipv4_addr; size 65536; flags dynamic; }}
+  set conn_rate {{ type ipv4_addr; size 65536; flags dynamic,timeout; timeout 60s; }}{redirect}{_dns_rules(bridge)}
   counter rst_untracked {{ }}
   counter dns_redirected {{ }}
   counter conn_limited {{ }}
+  chain conn_refuse {{
+    meta l4proto tcp reject with tcp reset
+    reject
+  }}
   chain forward {{
     type filter hook forward priority 0; policy accept;
     iifname "{bridge}" oifname "{bridge}" drop

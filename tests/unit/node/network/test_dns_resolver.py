@@ -43,8 +43,8 @@ def test_limits_are_checked() -> None:
 def test_settings_come_from_the_environment_with_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SBX_CONFIG", "/nonexistent/server.toml")
     s = load_settings()
-    assert (s.sandbox_dns_rate, s.sandbox_dns_burst, s.dns_upstreams, s.sandbox_max_connections) == (
-        50.0, 200, "", 4096)
+    assert (s.sandbox_dns_rate, s.sandbox_dns_burst, s.dns_upstreams, s.sandbox_max_connections,
+            s.sandbox_connection_rate) == (50.0, 200, "", 4096, 200)
     monkeypatch.setenv("SBX_SANDBOX_DNS_RATE", "5")
     monkeypatch.setenv("SBX_SANDBOX_DNS_BURST", "20")
     monkeypatch.setenv("SBX_DNS_UPSTREAMS", "192.0.2.53")
@@ -105,11 +105,18 @@ def test_ruleset_redirects_dns_and_caps_connections() -> None:
     assert "ip daddr @dns_upstreams counter name dns_redirected redirect to :53" in text
     assert "ip daddr @egress_deny counter name dns_redirected redirect to :53" in text
     assert 'iifname "sbxu0" ip daddr 10.77.0.1 meta l4proto { udp, tcp } th dport 53 accept' in text
-    limit = 'ct state new add @conn_limit { ip saddr ct count over 300 } counter name conn_limited reject'
+    limit = 'ct state new add @conn_limit { ip saddr ct count over 300 } counter name conn_limited jump conn_refuse'
     assert text.count(limit) == 2  # forward (through the host) and input (towards it)
-    assert "ct count" not in ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, max_connections=0)
-    with pytest.raises(ValueError, match="max_connections"):
-        ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, max_connections=-1)
+    assert "limit rate" not in text
+    text = ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, max_connections=300, connection_rate=50)
+    rate = "add @conn_rate { ip saddr limit rate over 50/second burst 100 packets }"
+    assert text.count(rate) == 2 and text.index(rate) < text.index(limit)  # a refused churn is never counted
+    none = ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol)
+    assert "ct count" not in none and "limit rate" not in none
+    for bad in ({"max_connections": -1}, {"connection_rate": -5}):
+        with pytest.raises(ruleset.ConnectionLimitError) as e:
+            ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, **bad)
+        assert e.value.code == "invalid_connection_limit" and "sandbox_" in e.value.message
     assert ruleset.gateway_address("10.77.0.0/16") == "10.77.0.1"
 
 
