@@ -40,7 +40,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -49,6 +48,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import sbx.api.e2b.fs as fs
 import sbx.api.e2b.procs as procs
+import sbx.api.e2b.starts as starts
 from sbx.api.e2b.connect import (
     STREAM_TYPE,
     ConnectError,
@@ -60,6 +60,7 @@ from sbx.api.e2b.connect import (
     unary_error,
 )
 from sbx.api.e2b.files import USERS, FilesRoutes, http_error
+from sbx.api.e2b.pool import Pool
 from sbx.api.e2b.tokens import access_token
 from sbx.api.e2b.watch import Watchers
 from sbx.control.errors import ControlError
@@ -77,8 +78,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ENVD_PORT = 49983
 KEEPALIVE_DEFAULT = 50.0
-FIND_GRACE = 2.0
-"""Seconds a started job's follower may take to find it (it takes a poll of 5 ms when the sandbox runs)."""
 STREAM_INPUT = "process.Process/StreamInput"
 """The one client-streaming call."""
 STREAMS = {"process.Process/Start", "process.Process/Connect", "filesystem.Filesystem/WatchDir"}
@@ -110,12 +109,14 @@ def basic_user(header: str | None) -> str | None:
 
 
 class Envd(FilesRoutes):
-    """The envd ASGI application for control plane ``cp``; ``secret`` signs access tokens."""
+    """The envd ASGI application for control plane ``cp``; ``secret`` signs access tokens; ``ready`` keeps the
+    sandboxes' ready jobs (:mod:`sbx.api.e2b.pool`)."""
 
-    def __init__(self, cp: ControlPlane, secret: bytes):
+    def __init__(self, cp: ControlPlane, secret: bytes, ready: Pool | None = None):
         self.cp = cp
         self.secret = secret
         self.watchers = Watchers()
+        self.ready = ready or Pool(cp)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request named by its ``E2b-Sandbox-Id`` header (see the module's doc)."""
@@ -138,6 +139,7 @@ class Envd(FilesRoutes):
                 row.state in ("stopped", "stopping") and not row.auto_resume):
             if row is None or row.state in ("deleted", "deleting"):
                 self.watchers.forget(sid)
+                self.ready.forget(sid)
             return sid, not_found_502(sid)
         if port != str(ENVD_PORT):
             return sid, JSONResponse({"sandboxId": sid, "message": f"port {port[:8]} of a sandbox is not reachable "
@@ -319,53 +321,12 @@ class Envd(FilesRoutes):
 
         def events() -> Iterator[dict[str, Any]]:
             if method == "process.Process/Start":
-                yield from self._start_and_follow(sid, procs.launch_spec(message, user), left)
+                yield from starts.start(self.cp, self.ready, sid, procs.launch_spec(message, user), left)
             else:
                 proc = procs.find(self.cp, sid, message.get("process"))
                 yield from procs.follow(self.cp, sid, proc.job, True, left.is_set, pty=proc.pty)
 
         return self._stream_response(request, events(), None, left)
-
-    def _start_and_follow(self, sid: str, spec: procs.Launch, left: threading.Event) -> Iterator[dict[str, Any]]:
-        """``Start``'s events: the job is started in a thread of its own while its follower, started at once,
-        waits for the job carrying ``spec.nonce`` (one exec's time sooner than following it once started). A
-        start that fails ends the follower (within half a second) and is the stream's error; a job started but
-        not found by its follower within :data:`FIND_GRACE` seconds is ``not_found``."""
-        launched: Future[str] = Future()
-        done_at: list[float] = []
-        seen: list[bool] = []
-
-        def run() -> None:
-            try:
-                launched.set_result(procs.launch(self.cp, sid, spec))
-            except BaseException as e:  # handed to the stream below
-                launched.set_exception(e)
-            done_at.append(time.monotonic())
-
-        threading.Thread(target=run, name="e2b-start", daemon=True).start()
-
-        def failed() -> bool:
-            return launched.done() and launched.exception() is not None
-
-        def lost() -> bool:
-            return bool(done_at) and not seen and time.monotonic() - done_at[0] > FIND_GRACE
-
-        def gone() -> bool:
-            return left.is_set() or failed() or lost()
-
-        try:
-            for event in procs.follow(self.cp, sid, lambda: launched.result(timeout=procs.START_WAIT), False, gone,
-                                      pty=spec.pty, nonce=spec.nonce):
-                seen.append(True)
-                yield event
-        except ConnectError:
-            if not failed() and not lost():
-                raise
-        error = launched.exception() if failed() else None
-        if error is not None:
-            raise error
-        if not seen and not left.is_set():
-            raise ConnectError("not_found", f"process of job {launched.result()} not found")
 
     def _stream_response(self, request: Request, events: Iterator[dict[str, Any]], error: ConnectError | None,
                          left: threading.Event | None = None, wrap: bool = True) -> StreamingResponse:

@@ -9,6 +9,7 @@ import sbx.api.e2b.routes as routes
 from sbx.api.auth import Gate
 from sbx.api.e2b.envd import ASGIApp, Receive, Scope, Send
 from sbx.api.e2b.lifecycle import TimeoutKills
+from sbx.api.e2b.pool import Pool
 from sbx.api.e2b.tokens import load_secret
 from sbx.control.service import ControlPlane
 
@@ -21,8 +22,9 @@ def mount(app: FastAPI, cp: ControlPlane, gate: Gate) -> None:
     are killed at their timeout (:mod:`sbx.api.e2b.lifecycle`). Makes the access-token secret on first use
     (:func:`sbx.api.e2b.tokens.load_secret`)."""
     secret = load_secret(cp.settings.state_dir)
-    app.mount(PREFIX, routes.create_app(cp, secret, gate))
-    app.add_middleware(Dispatch, envd=envd.Envd(cp, secret))
+    ready = Pool(cp)
+    app.mount(PREFIX, routes.create_app(cp, secret, gate, ready))
+    app.add_middleware(Dispatch, envd=envd.Envd(cp, secret, ready))
     TimeoutKills(cp).around(app)  # sandboxes created with autoPause false are killed at their timeout
 
 

@@ -9,12 +9,11 @@ CRIU). So each process is a job whose command is::
     exec CMD ARGS...                  # the process itself takes over that pid
     # sbx-e2b:<base64 of {"cmd","args","cwd","tag"}>
 
-and its output is followed by an attached exec as root (:func:`follower_script`): it prints the pid line, then
-the job's stdout and stderr (all at once for a job that ends within 0.3 s, else streamed by ``tail -f`` from a
-byte offset until the job's ``exit`` file appears) and exits with the job's exit code. ``Start`` runs the follower
-at the same time as the job's start, finding the job by a nonce its command carries. The follower is the only thing
-a stop kills; a later ``Connect`` starts a new one. Nothing runs in the sandbox that sbx does not already run (no
-envd of its own).
+and its output is followed by an attached exec as root (:mod:`sbx.api.e2b.follower`): it prints the pid line,
+then the job's stdout and stderr (all at once for a job that ends within 0.3 s, else streamed by ``tail -f`` from a
+byte offset until the job's ``exit`` file appears) and exits with the job's exit code. How a ``Start`` gets its
+job, a ready one or a new one, is :mod:`sbx.api.e2b.starts`'s. The follower is the only thing a stop kills; a later
+``Connect`` starts a new one. Nothing runs in the sandbox that sbx does not already run (no envd of its own).
 """
 
 from __future__ import annotations
@@ -22,26 +21,24 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import secrets
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import sbx.api.e2b.pool as pool
 from sbx.api.e2b.connect import ConnectError
+from sbx.api.e2b.follower import JOBS_DIR, NONCE_MARK, follower_script
 from sbx.control.errors import ControlError
 
 if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
 
-JOBS_DIR = "/var/lib/sbx-jobs"
 STDIN_DIR = "/tmp/.sbx-e2b-stdin-"
 MARK = "# sbx-e2b:"
-NONCE_MARK = "# sbx-e2b-started-by:"
-START_WAIT = 120.0
-"""Seconds to wait for a job's start when its id is needed after the follower ended."""
-QUICK_POLLS = 60
-"""Polls (5 ms apart) for a quick job's end before its output is streamed instead (:func:`follower_script`)."""
+_JOB = re.compile(r"^job_[a-z0-9]{8}$")
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 """Signals of envd's ``Signal`` enum (JSON names or numbers) and their numbers."""
 
@@ -85,12 +82,10 @@ def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, std
     :func:`send_input` writes to it. With ``pty`` (``(cols, rows)``) it runs in a terminal of that size made by
     util-linux ``script``, whose pid is the process's (input goes through the same pipe, closed when the program
     ends: ``script`` waits for the end of its input). A ``nonce`` is written in a last comment line, for a
-    follower started before the job's id is known (:func:`follower_script`)."""
-    info: dict[str, Any] = {"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}
+    follower started before the job's id is known (:func:`sbx.api.e2b.follower.follower_script`)."""
     if pty is not None:
-        info["pty"] = True
         stdin = True
-    meta = base64.b64encode(json.dumps(info).encode()).decode()
+    meta = meta_line(cmd, args, cwd, tag, pty is not None)
     argv = " ".join(shlex.quote(a) for a in [cmd, *args])
     if pty is not None:  # script ends at the end of its input: close the pipe when the program has ended
         inner = (f'stty cols {int(pty[0])} rows {int(pty[1])} 2>/dev/null; {argv}; c=$?; '
@@ -102,60 +97,26 @@ def job_command(cmd: str, args: list[str], cwd: str | None, tag: str | None, std
                 '( sleep infinity > "$s/stdin" & echo $! > "$s/holder" ); export SBX_E2B_STDIN="$s"\n')
         argv += ' < "$s/stdin"'
     started_by = f"\n{NONCE_MARK}{nonce}" if nonce else ""
-    return f"printf '%s\\n' \"$$\" >&2\n{pipe}exec {argv}\n{MARK}{meta}{started_by}"
+    return f"printf '%s\\n' \"$$\" >&2\n{pipe}exec {argv}\n{meta}{started_by}"
 
 
-def _locate(nonce: str) -> str:
-    """Shell setting ``d`` to the folder of the job whose command carries ``nonce`` (a job started at most 10 s
-    ago), polling every 5 ms for 2 s, then every 50 ms up to :data:`START_WAIT`; ``none`` and exit 0 when none
-    appears."""
-    return (
-        f'n={shlex.quote(NONCE_MARK + nonce)}; m=$(mktemp) && touch -d "-10 seconds" "$m" || exit 1; d=; i=0\n'
-        'while :; do\n'
-        f'  for f in {JOBS_DIR}/job_*/cmd; do\n'
-        '    [ "$f" -nt "$m" ] || continue; c=; IFS= read -r -d "" c < "$f"\n'
-        '    case "$c" in *"$n"*) d=${f%/cmd}; break;; esac\n'
-        '  done\n'
-        '  [ -n "$d" ] && break; i=$((i+1))\n'
-        f'  if [ $i -gt {400 + int(START_WAIT * 20)} ]; then rm -f "$m"; echo none; exit 0; fi\n'
-        '  if [ $i -gt 400 ]; then sleep 0.05; else sleep 0.005; fi\n'
-        'done; rm -f "$m"\n'
-    )
-
-
-def follower_script(job: str, from_now: bool, nonce: str | None = None) -> str:
-    """The root command that prints job ``job``'s pid line, then its output (stdout to stdout, stderr to stderr;
-    from the start, or from what is there now with ``from_now``) until it ends, and exits with its exit code. A
-    first line that is not a number means there is no such job. A job that ends within :data:`QUICK_POLLS` polls
-    of 5 ms (most commands) has its output printed at once when it ends; a longer one's is streamed by
-    ``tail -f``, whose end is noticed within 30-60 ms. With ``nonce`` (``job`` unused) the job is found by the
-    nonce its command carries (:func:`job_command`): the follower may start before the job does."""
-    where = _locate(nonce) if nonce else f'd={shlex.quote(f"{JOBS_DIR}/{job}")}; '
-    start = ('o=$(stat -c %s "$d/stdout" 2>/dev/null || echo 0); e=$(stat -c %s "$d/stderr")' if from_now
-             else 'o=0; e=$(( ${#p} + 1 ))')
-    return (
-        f'{where}[ -d "$d" ] || {{ echo none; exit 0; }}\n'
-        'i=0; until p=$(head -n1 "$d/stderr" 2>/dev/null) && [ -n "$p" ]; do\n'
-        '  i=$((i+1)); if [ $i -gt 2000 ] || [ -e "$d/exit" ]; then p=0; break; fi; sleep 0.005; done\n'
-        'printf "%s\\n" "$p"\n'
-        f'{start}\n'
-        f'i=0; while [ ! -s "$d/exit" ] && [ $i -lt {QUICK_POLLS} ]; do i=$((i+1)); sleep 0.005; done\n'
-        'if [ -s "$d/exit" ]; then tail -c +$((o+1)) "$d/stdout"; tail -c +$((e+1)) "$d/stderr" >&2; '
-        'exit "$(cat "$d/exit")"; fi\n'
-        '( while [ ! -s "$d/exit" ]; do sleep 0.03; done ) & w=$!\n'
-        'tail -s 0.03 --pid=$w -c +$((o+1)) -f "$d/stdout" & a=$!\n'
-        'tail -s 0.03 --pid=$w -c +$((e+1)) -f "$d/stderr" >&2 & b=$!\n'
-        'wait $a $b; exit "$(cat "$d/exit")"'
-    )
+def meta_line(cmd: str, args: list[str], cwd: str | None, tag: str | None, pty: bool = False) -> str:
+    """The marker line of a process's job, ``# sbx-e2b:<base64 of {"cmd","args","cwd","tag"[,"pty"]}>``, that
+    :data:`LIST_SCRIPT` reads."""
+    info: dict[str, Any] = {"cmd": cmd, "args": args, "cwd": cwd, "tag": tag}
+    if pty:
+        info["pty"] = True
+    return MARK + base64.b64encode(json.dumps(info).encode()).decode()
 
 
 LIST_SCRIPT = (
     f'for d in {JOBS_DIR}/job_*; do [ -d "$d" ] && [ ! -e "$d/exit" ] || continue; '
-    f'm=$(sed -n "s/^{MARK}//p" "$d/cmd" 2>/dev/null); [ -n "$m" ] || continue; '
+    f'm=$(sed -n "s/^{MARK}//p" "$d/cmd" "$d/e2b-meta" 2>/dev/null); [ -n "$m" ] || continue; '
     'p=$(head -n1 "$d/stderr" 2>/dev/null); case "$p" in ""|*[!0-9]*) continue;; esac; '
     'kill -0 "$p" 2>/dev/null || continue; printf "%s %s %s\\n" "${d##*/}" "$p" "$m"; done'
 )
-"""Root command printing ``<job> <pid> <meta>`` for each running envd process (a job with the marker)."""
+"""Root command printing ``<job> <pid> <meta>`` for each running envd process (a job with the marker in its
+command, or in ``e2b-meta`` for a ready job's: :mod:`sbx.api.e2b.pool`)."""
 
 
 def run_root(cp: ControlPlane, sandbox_id: str, command: str) -> tuple[int, bytes, bytes]:
@@ -213,6 +174,10 @@ def find(cp: ControlPlane, sandbox_id: str, selector: Any) -> Proc:
                        "not found")
 
 
+class NoReadyJob(Exception):
+    """A claiming follower found no ready job (:mod:`sbx.api.e2b.pool`)."""
+
+
 @dataclass
 class Launch:
     """A checked ``StartRequest``: the job command (carrying ``nonce``), its user, env and cwd."""
@@ -223,6 +188,8 @@ class Launch:
     cwd: str | None
     nonce: str
     pty: bool
+    ready: tuple[str, str] | None = None
+    """For a command a ready job may run (:mod:`sbx.api.e2b.pool`): its snippet and meta line."""
 
 
 def start(cp: ControlPlane, sandbox_id: str, request: dict[str, Any], user: str) -> str:
@@ -264,8 +231,13 @@ def launch_spec(request: dict[str, Any], user: str) -> Launch:
     if any("\0" in s for s in [process["cmd"], *args, *envs, *envs.values()]):
         raise ConnectError("invalid_argument", "NUL bytes are not allowed in a command, its arguments or env")
     nonce = secrets.token_hex(12)
+    ready = None
+    if user == "user" and cwd is None and not stdin and size is None:
+        text = pool.snippet(" ".join(shlex.quote(a) for a in [process["cmd"], *args]), dict(envs))
+        line = meta_line(process["cmd"], args, cwd, tag)
+        ready = (text, line) if len(text) + len(line) < pool.SNIPPET_MAX else None
     return Launch(job_command(process["cmd"], args, cwd, tag, stdin, size, nonce), user, dict(envs) or None, cwd,
-                  nonce, size is not None)
+                  nonce, size is not None, ready)
 
 
 def pty_size(value: Any) -> tuple[int, int]:
@@ -279,21 +251,24 @@ def pty_size(value: Any) -> tuple[int, int]:
 
 
 def follow(cp: ControlPlane, sandbox_id: str, job: str | Callable[[], str], from_now: bool,
-           gone: Callable[[], bool], pty: bool = False, nonce: str | None = None) -> Iterator[dict[str, Any]]:
+           gone: Callable[[], bool], pty: bool = False, nonce: str | None = None, locate: str | None = None
+           ) -> Iterator[dict[str, Any]]:
     """The ``ProcessEvent`` messages of job ``job``: ``{"start": {"pid"}}``, then ``{"data": {"stdout"|"stderr":
     base64}}`` pieces (a ``pty`` process's output is ``{"data": {"pty": base64}}``), then ``{"end": {"exitCode",
     "exited","status"}}``. ``gone()`` True ends the follower (the client left; the process goes on). Raises
     :class:`ConnectError`: ``not_found`` for an unknown job, ``unavailable`` when the sandbox stops meanwhile
     (the process is kept, with its memory, when it paused). With ``nonce`` the job is the one whose command carries
-    it, and ``job`` a function that gives its id once it has started (:func:`follower_script`)."""
+    it, and ``job`` a function that gives its id once it has started; with ``locate`` (a ready job's claim),
+    :class:`NoReadyJob` when there was none (:func:`sbx.api.e2b.follower.follower_script`)."""
     label = nonce if callable(job) else job
     try:
-        lines = cp.exec(sandbox_id, follower_script("" if callable(job) else job, from_now, nonce), 0, "root",
-                        None, None, "base64", gone)
+        lines = cp.exec(sandbox_id, follower_script("" if callable(job) else job, from_now, nonce, locate), 0,
+                        "root", None, None, "base64", gone)
     except ControlError as e:
         raise control_to_connect(e) from None
     head = bytearray()
     started = False
+    found: str | None = None
     code: int | None = None
     for line in lines:
         if "error" in line:
@@ -307,10 +282,14 @@ def follow(cp: ControlPlane, sandbox_id: str, job: str | Callable[[], str], from
             if b"\n" not in head:
                 continue
             first, _, data = bytes(head).partition(b"\n")
-            if not first.isdigit():
+            if first == pool.NO_CLAIM:
+                raise NoReadyJob()
+            pid, _, named = first.partition(b" ")
+            if not pid.isdigit():
                 raise ConnectError("not_found", f"process of job {label} not found")
+            found = named.decode() if _JOB.match(named.decode("ascii", "replace")) else None
             started = True
-            yield {"start": {"pid": int(first)}}
+            yield {"start": {"pid": int(pid)}}
             if not data:
                 continue
         if data:
@@ -323,7 +302,7 @@ def follow(cp: ControlPlane, sandbox_id: str, job: str | Callable[[], str], from
     if not started:
         raise ConnectError("not_found", f"process of job {label} not found")
     if code >= 128:  # the follower itself may have been killed (a stop): believe only the job's own exit file
-        job_id = job() if callable(job) else job
+        job_id = found or (job() if callable(job) else job)
         rc, out, _ = run_root(cp, sandbox_id, f"cat {shlex.quote(f'{JOBS_DIR}/{job_id}/exit')}")
         if rc != 0 or not out.strip().lstrip(b"-").isdigit():
             raise ConnectError("unavailable", "the process's output stream ended before the process did")

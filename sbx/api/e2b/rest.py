@@ -47,6 +47,7 @@ from pydantic import ValidationError
 
 import sbx.api.e2b.lifecycle as lifecycle
 from sbx.api.auth import check_sandbox, client_address
+from sbx.api.e2b.pool import Pool
 from sbx.api.e2b.tokens import access_token
 from sbx.api.errors import validation_error
 from sbx.api.models import CreateSandbox
@@ -86,11 +87,12 @@ def e2b_error(status: int, message: str, headers: dict[str, str] | None = None) 
 
 
 class Api:
-    """The routes' shared state: the control plane and the token secret."""
+    """The routes' shared state: the control plane, the token secret and the ready jobs' keeper."""
 
-    def __init__(self, cp: ControlPlane, secret: bytes):
+    def __init__(self, cp: ControlPlane, secret: bytes, ready: Pool | None = None):
         self.cp = cp
         self.secret = secret
+        self.ready = ready
 
     # helpers -----------------------------------------------------------------------------------------------------
     def who(self, request: Request) -> Principal:
@@ -205,6 +207,8 @@ class Api:
         row = self.settle(row.id)
         if row.state != "running":
             raise E2BError(409, f"sandbox {row.id} is {row.state}, not running")
+        if self.ready is not None:  # a new sandbox has no ready job: its first command need not look for one
+            self.ready.empty(row.id, refill=False)
         return self.sandbox(row)
 
     def list_page(self, who: Principal, query: dict[str, str]) -> tuple[list[dict[str, Any]], str | None]:
@@ -255,6 +259,8 @@ class Api:
         """Delete the sandbox and wait until it is gone."""
         self.row(who, sandbox_id)
         self.cp.delete(sandbox_id)
+        if self.ready is not None:
+            self.ready.forget(sandbox_id)
         try:
             self.cp.wait_settled(sandbox_id, SETTLE_WAIT)
         except ControlError as e:

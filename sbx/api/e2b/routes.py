@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sbx.api.auth import Gate
+from sbx.api.e2b.pool import Pool
 from sbx.api.e2b.rest import Api, E2BError, e2b_error
 from sbx.control.accounts.keys import Principal
 from sbx.control.errors import ControlError, from_node
@@ -40,9 +41,10 @@ async def _body(request: Request) -> dict[str, Any]:
     return value
 
 
-def create_app(cp: ControlPlane, secret: bytes, gate: Gate) -> FastAPI:
-    """The E2B REST application (mount it at ``/e2b``); ``gate`` checks its keys (the sbx API's own)."""
-    api = Api(cp, secret)
+def create_app(cp: ControlPlane, secret: bytes, gate: Gate, ready: Pool | None = None) -> FastAPI:
+    """The E2B REST application (mount it at ``/e2b``); ``gate`` checks its keys (the sbx API's own); ``ready``
+    learns of the sandboxes it makes (:mod:`sbx.api.e2b.pool`)."""
+    api = Api(cp, secret, ready)
     app = FastAPI(title="sbx: E2B-compatible API", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.gate = gate
 
