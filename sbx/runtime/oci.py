@@ -20,7 +20,9 @@ The layout follows the OCI runtime spec, config.json section (opencontainers/run
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sbx.runtime import seccomp
@@ -44,16 +46,21 @@ ID_MAP_SIZE = 65536
 
 CFS_PERIOD_US = 100_000
 
-# What is hidden (an empty read-only tmpfs from runc over a directory, or a read-only bind of an empty host folder for
-# the /sys ones when the node gives one: ContainerSpec.mask_dir; /dev/null over a file): Docker's default list, then
-# host facts that are not the sandbox's business: the host's kernel command line and boot parameters, its block
-# devices (the loop devices' ``loop/backing_file`` names every sandbox disk on the node and its host path), the
-# per-device ext4/xfs statistics (named after those loop devices), the kernel log and debugfs. runc 1.1 makes
-# these mounts inside the sandbox's own user namespace, so root inside can unmount them or mount a fresh proc or
-# sysfs beside them (measured): they keep host facts from a casual look and from non-root users; what they guard
-# against writes is guarded again by the uid map. /proc/sys is not read-only: that would take the sandbox's own
-# net.* with it (Docker inside sets net.ipv4.ip_forward), and runc 1.1 cannot carve a writable /proc/sys/net back
-# out (it refuses any mount "inside /proc"; measured). The uid map refuses writes to the host's (non-net) sysctls.
+# What is hidden (an empty read-only tmpfs from runc over a directory, or a read-only bind of the node's empty mask
+# filesystem for the /sys ones when the node gives one: ContainerSpec.mask_dir; /dev/null over a file): Docker's
+# default list, then host facts that are not the sandbox's business: the host's kernel command line and boot
+# parameters, its block devices, the per-device ext4/xfs statistics (named after the loop devices), the kernel log
+# and debugfs. runc 1.1 makes these mounts inside the sandbox's own user namespace, so the kernel does not lock them:
+# root inside can unmount them or mount a fresh proc or sysfs beside them (measured, issue 33; a locked mount must
+# come from a more privileged mount namespace copied into the sandbox's, which runc 1.1 does not do and a CRIU
+# restore would not keep). So what they hide is made harmless where it can be: a sandbox disk's loop device names
+# only ``/disk.ext4`` as its backing file (sbx.storage.loopdev; it used to name every sandbox disk on the node with
+# its id and host path), and the /sys masks show in mountinfo as ``/`` of a tmpfs ``sbx-masked``
+# (:func:`ensure_mask_dir`; they used to show ``/run/sbx/<node>/bundles/<id>/masked``). The host's kernel command
+# line stays the host's. What the masks guard against writes is guarded again by the uid map. /proc/sys is not
+# read-only: that would take the sandbox's own net.* with it (Docker inside sets net.ipv4.ip_forward), and runc 1.1
+# cannot carve a writable /proc/sys/net back out (it refuses any mount "inside /proc"; measured). The uid map refuses
+# writes to the host's (non-net) sysctls.
 MASKED_PATHS = [
     "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
     "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
@@ -87,13 +94,14 @@ class ContainerSpec:
       mounts and restores them (measured).
     - ``init_args``: the container's PID 1 and its arguments (default ``["/sbin/init"]``: systemd; an image without
       systemd gets sbx's minimal init, :mod:`sbx.guest.minimal`).
-    - ``mask_dir``: a host directory that stays empty, owned by host root, mode 0555 (the sandbox's own, in its
-      bundle). When set, each directory of :data:`MASKED_PATHS` under ``/sys`` is a read-only bind mount of it
-      instead of runc's read-only tmpfs (:func:`masks`): CRIU runs ``tar`` for every tmpfs it dumps and again to
-      restore it (~4.5 ms each here, ten masks), while a bind mount from the host is an external mount it only
-      names. Root inside sees an empty directory either way; unmounted, either shows the same sysfs directory; and
-      remounted read-write, the bind still refuses writes (the directory's owner is not mapped in the sandbox's
-      user namespace, so its root is "other" there).
+    - ``mask_dir``: a host directory that stays empty, owned by host root, mode 0555: the node's mask filesystem
+      (:func:`ensure_mask_dir`, a read-only tmpfs, so mountinfo names no host path). When set, each directory of
+      :data:`MASKED_PATHS` under ``/sys`` is a read-only bind mount of it instead of runc's read-only tmpfs
+      (:func:`masks`): CRIU runs ``tar`` for every tmpfs it dumps and again to restore it (~4.5 ms each here, ten
+      masks), while a bind mount from the host is an external mount it only names. Root inside sees an empty
+      directory either way; unmounted, either shows the same sysfs directory; and remounted read-write, the bind
+      still refuses writes (the filesystem is read-only and its root is host root's, unmapped in the sandbox's user
+      namespace, so its root is "other" there).
     """
 
     hostname: str
@@ -127,6 +135,30 @@ def mount_targets(config: dict[str, Any]) -> list[tuple[str, bool]]:
         is_file = m.get("type") == "bind" and (dest.startswith("/proc/") or os.path.isfile(m.get("source", "")))
         out.append((dest, is_file))
     return out
+
+
+#: mount(8) options of the node's mask filesystem (:func:`ensure_mask_dir`): read-only, empty, host root's, room
+#: for nothing.
+MASK_FS_OPTIONS = "ro,nosuid,nodev,noexec,mode=0555,uid=0,gid=0,size=4k,nr_inodes=8"
+MASK_FS_SOURCE = "sbx-masked"
+
+
+def ensure_mask_dir(path: Path) -> Path:
+    """Make ``path`` the node's mask directory (:attr:`ContainerSpec.mask_dir`) and return it: an empty read-only
+    tmpfs of its own (source ``sbx-masked``, root 0555 owned by host root), mounted once per node and kept (again
+    after a reboot or when something else was found there). The masks bind its root, so what a sandbox's
+    ``/proc/self/mountinfo`` shows of them is ``/`` of that tmpfs, never a host path or a sandbox id (the masks
+    used to show ``/run/sbx/<node>/bundles/<id>/masked``, measured). Raises ``OSError`` when it can't be mounted."""
+    if os.path.ismount(path):
+        return path
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(mode=0o555, parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", MASK_FS_OPTIONS, MASK_FS_SOURCE, str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"mounting the mask filesystem at {path}: {done.stderr.strip()}")
+    return path
 
 
 def masks(mask_dir: str | None) -> tuple[list[str], list[dict[str, Any]]]:

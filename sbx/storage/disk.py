@@ -19,7 +19,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sbx.storage import mounts
+from sbx.storage import loopdev, mounts
 from sbx.storage._proc import run
 from sbx.storage.errors import StorageError
 from sbx.storage.reflink import clone
@@ -195,10 +195,11 @@ def mounted_at(path: PathLike) -> Path | None:
 def mount(path: PathLike, mountpoint: PathLike, *, readonly: bool = False) -> str:
     """Loop-mount the ext4 image ``path`` at ``mountpoint`` (created if missing) and return the loop device.
 
-    Binds a free loop device (``losetup --find --show``), then mounts it; the device is detached again if the
-    mount fails. Mounting an image again at the same place is a no-op. A read-write mount uses ``-o discard``:
-    blocks a sandbox frees are discarded as its journal commits, and the loop device turns each discard into a
-    hole punched in the image file, so deleted data stops taking room on the volume (issue 17; the volume's own
+    Binds a free loop device (:func:`sbx.storage.loopdev.attach`: its ``backing_file`` names only the file, never
+    the host path holding the sandbox's id), then mounts it; the device is detached again if the mount fails.
+    Mounting an image again at the same place is a no-op. A read-write mount uses ``-o discard``: blocks a sandbox
+    frees are discarded as its journal commits, and the loop device turns each discard into a hole punched in the
+    image file, so deleted data stops taking room on the volume (issue 17; the volume's own
     free blocks go back to the host with :func:`sbx.storage.volume.trim_volume`).
 
     Raises ``StorageError``: ``not_found``, ``busy`` (the image is mounted elsewhere — two mounts of one ext4
@@ -224,8 +225,7 @@ def mount(path: PathLike, mountpoint: PathLike, *, readonly: bool = False) -> st
         # that device; a second loop device would give the kernel two ext4 superblocks for one file.
         dev, made = existing[0], False
     else:
-        ro = ["--read-only"] if readonly else []
-        dev, made = run(["losetup", "--find", "--show", *ro, str(p)]).stdout.strip(), True
+        dev, made = loopdev.attach(p, readonly), True
     try:
         run(["mount", "-t", "ext4", "-o", "ro" if readonly else "rw,discard", dev, str(here)])
     except BaseException:

@@ -17,12 +17,14 @@ they are listed). ``test_own_network_sysctls_stay_writable`` is no attack: it gu
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Server
 from tests.security.conftest import info, new_sandbox, root
+from tests.slots import slotted
 
 pytestmark = pytest.mark.e2e
 
@@ -237,10 +239,11 @@ def test_unmounted_mask_protects_nothing(sec_server: Server) -> None:
 
 
 def test_sysfs_masks_hold_after_a_memory_resume_and_take_no_writes(sec_server: Server) -> None:
-    """The masks over the host's block devices are read-only binds of an empty folder of the sandbox's own
-    (``<bundle>/masked``; not a tmpfs, which CRIU would tar at every dump and restore): they still hide the loop
-    devices after a stop and resume with memory, and root inside, remounting one read-write, can't write into it
-    (the folder is host root's, unmapped inside), so nothing reaches the host or another sandbox."""
+    """The masks over the host's block devices are read-only binds of the node's empty read-only tmpfs
+    (``/run/sbx/<node>/masked``, :func:`sbx.runtime.oci.ensure_mask_dir`; a host mount, which CRIU only names, not a
+    tmpfs of the sandbox's, which it would tar at every dump and restore): they still hide the loop devices after a
+    stop and resume with memory, and root inside, remounting one read-write, can't write into it (the filesystem is
+    read-only and host root's, unmapped inside), so nothing reaches the host or another sandbox."""
     sid = new_sandbox(sec_server)
     sec_server.sbx("stop", sid, "--wait", check=True)
     sec_server.sbx("resume", sid, "--wait", check=True)
@@ -258,7 +261,8 @@ def test_sysfs_masks_hold_after_a_memory_resume_and_take_no_writes(sec_server: S
     assert "block=[] class=[]" in r.stdout and "backing=[]" in r.stdout, r.stdout
     assert "WROTE" not in r.stdout and "CHMOD" not in r.stdout, r.stdout
     assert r.stdout.strip().splitlines()[-1] == "done"
-    [masked] = Path("/run/sbx").glob(f"*/bundles/{sid}/masked")
-    assert list(masked.iterdir()) == []
+    node = slotted(os.environ.get("SBX_SEC_NODE", "sec"), "sbxsec0", "10.95.0.0/16")[0]
+    masked = Path("/run/sbx") / node / "masked"
+    assert os.path.ismount(masked) and list(masked.iterdir()) == []  # the node's read-only mask filesystem
     st = masked.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o555)

@@ -28,6 +28,7 @@ from sbx.node.container import guestfs, lxcfs, rootfs
 from sbx.node.network import bridge as network
 from sbx.node.network import resolver
 from sbx.node.types import NodeError, SandboxSpec
+from sbx.runtime import oci
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.oci import ContainerSpec, build_config
 from sbx.runtime.runc import CRIU_CONFIG
@@ -88,7 +89,7 @@ class LifecycleMixin(NodeBase):
             cgroup_path=self._cgroup_path(sid),
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
             uid_base=rec.get("uidBase", 0),
-            mask_dir=str(_mask_dir(bundle)),
+            mask_dir=str(_mask_dir(self.run_dir)),
             init_args=list(minimal.MINIMAL_INIT_ARGS) if _minimal(self._image_of(rec)) else None,
             # a stdlib-only client: the node's hook server does the work (sbx.node.network.hookd; ~0.25 s less
             # per restore)
@@ -224,18 +225,13 @@ def _minimal(image: dict[str, Any] | None) -> bool:
     return image is not None and image.get("init") == "minimal"
 
 
-def _mask_dir(bundle: Path) -> Path:
-    """``<bundle>/masked``: the empty directory (host root, 0555) the sandbox's masks of ``/sys`` directories bind
-    (:class:`sbx.runtime.oci.ContainerSpec`); whatever else is found at that path is replaced."""
-    d = bundle / "masked"
-    if d.is_symlink() or (d.exists() and not d.is_dir()):
-        d.unlink()
-    elif d.is_dir() and any(d.iterdir()):
-        shutil.rmtree(d)
-    d.mkdir(mode=0o555, exist_ok=True)
-    os.chown(d, 0, 0)
-    d.chmod(0o555)
-    return d
+def _mask_dir(run_dir: Path) -> Path:
+    """``<run_dir>/masked``: the node's empty read-only tmpfs the sandbox's masks of ``/sys`` directories bind
+    (:func:`sbx.runtime.oci.ensure_mask_dir`). Raises ``NodeError("boot_failed")`` when it can't be mounted."""
+    try:
+        return oci.ensure_mask_dir(run_dir / "masked")
+    except OSError as e:
+        raise NodeError("boot_failed", str(e)) from e
 
 
 def _resolv_conf(gateway: str) -> str:

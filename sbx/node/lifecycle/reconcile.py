@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from sbx.node.agentbase import NodeBase
 from sbx.node.container import cgroup, recovery
 from sbx.node.network import bridge as network
 from sbx.node.types import NodeStatus
-from sbx.runtime.runc import kill_process_group
+from sbx.runtime.runc import kill_process_group, remove_tree
 from sbx.storage import disk as disks
 
 log = logging.getLogger("sbx.node")
@@ -189,7 +188,7 @@ class ReconcileMixin(NodeBase):
         for d in self.sandboxes_dir.glob("*") if self.sandboxes_dir.is_dir() else []:
             self._umount(d.name, wait=5.0)
         cgroup.remove_tree(f"/sbx/{self.settings.node_name}")
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        remove_tree(self.run_dir)  # lazily unmounts what it meets: the node's mask filesystem (sbx.runtime.oci)
         return True
 
     def _kill_leftover_execs(self) -> None:
