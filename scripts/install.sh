@@ -3,7 +3,7 @@
 #   - Debian packages for Python (venv) and the host tools sbx drives;
 #   - the Python virtualenv in .venv with sbx and its pinned dependencies (and the dev tools with --dev);
 #   - node and npm (Debian's, when missing) to build the web console's assets (scripts/build-console.sh);
-#   - `sbx setup`: runc, mmdebstrap, xfsprogs, nftables, LXCFS, CRIU 4.2.1 from Debian sid (through the ordinary
+#   - `sbx setup`: runc, mmdebstrap, xfsprogs, nftables, LXCFS, CRIU 4.2.1 from Debian sid, runsc from trixie (through the ordinary
 #     apt client, mirror taken from this host's apt sources), the reflink XFS data volume and the sandbox image.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -217,7 +217,7 @@ def create_app(
         cp.secrets.names(who.account_id, body.secrets or [])  # 404/409 before anything is made
         row = cp.create(body.type, body.name, body.ttl, from_key, body.no_snapshots, body.env,
                         body.auto_resume, body.labels, account_id=who.account_id,
-                        cold=body.cold, egress=bool(body.secrets), image=body.image)
+                        cold=body.cold, egress=bool(body.secrets), image=body.image, runtime=body.runtime)
         secrets_api.bind_all(cp, row.id, body.secrets, who.account_id)
         return accepted(row, wait_, timeout)
 

@@ -178,7 +178,10 @@ class CreateSandbox(_Body):
     image: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
                               description="start from this image of the account (or a shared one; `sbx image "
                               "list`) instead of sbx's default Debian image")
-
+    runtime: Literal["container", "gvisor"] | None = Field(
+        None, description="the runtime class: `container` (runc, the host's kernel; the default) or `gvisor` "
+        "(runsc: gVisor's own kernel between the sandbox and the host; no fork with memory, live migration or "
+        "detached jobs). Default: the snapshot's sandbox's class with fromSnapshot, else `container`")
 
 
 class StopSandbox(_Body):

@@ -87,6 +87,8 @@ class Sandbox(Out):
     labels: dict[str, str] = Field(default_factory=dict)
     image: str | None = Field(None, description="the image its disk came from (`sbx image list`); null: sbx's "
                               "default Debian image")
+    runtime: str = Field("container", description="the runtime class: `container` (runc, the host's kernel) or "
+                         "`gvisor` (runsc: gVisor's own kernel)")
     node: str = Field(description="the node that holds the sandbox")
     nodeStatus: NodeStatus = Field(description="its node's status; `state` is kept while the node is unreachable")
     replicaNode: str | None = Field(None, description="stopped: the node holding a current copy of its disk and "

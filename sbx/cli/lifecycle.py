@@ -40,13 +40,16 @@ def new(
                                      "(see `sbx secret`; repeatable). It never sees the value."),
     image: str = typer.Option(None, "--image", "-i", help="Start from this image (`sbx image list`) instead of "
                               "sbx's default Debian image."),
+    runtime: str = typer.Option(None, "--runtime", "-r", help="Runtime class: container (runc, the host's kernel; "
+                                "default) or gvisor (gVisor's own kernel; no fork with memory, live migration or "
+                                "detached jobs)."),
     json_: bool = JSON_OPT,
 ) -> None:
     """Create a sandbox and print its id."""
     labels = parse_env(label, "--label")
     with client() as c, spinner(f"creating {type} sandbox", not json_):
         sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume,
-                            labels, cold, secret, image=image))
+                            labels, cold, secret, image=image, runtime=runtime))
     if json_:
         print_json({"sandbox": sb})
     else:

@@ -31,8 +31,10 @@ from sbx.node.network import egress, hookd, resolver, ruleset
 from sbx.node.network.egressproxy import EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
 from sbx.runtime import criu
+from sbx.runtime.classes import ClassRuntime
 from sbx.runtime.pageserver import PageReceiver
 from sbx.runtime.runc import RuncRuntime, remove_tree
+from sbx.runtime.runsc import RunscRuntime
 from sbx.storage import seals
 from sbx.storage.errors import StorageError
 
@@ -57,7 +59,9 @@ class NodeBase:
         self.run_dir = Path("/run/sbx") / settings.node_name
         self.sandboxes_dir = settings.node_dir / "sandboxes"
         self.snapshots_dir = settings.node_dir / "snapshots"
-        self.runtime = RuncRuntime(self.run_dir / "runc", criu.criu_binary(settings.criu_dir))
+        # each sandbox's runtime class (its record's spec.runtime) picks runc or runsc (sbx.runtime.classes)
+        self.runtime = ClassRuntime(RuncRuntime(self.run_dir / "runc", criu.criu_binary(settings.criu_dir)),
+                                    RunscRuntime(self.run_dir / "runsc"), self._runtime_class)
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._lease_lock = threading.Lock()
@@ -260,7 +264,14 @@ class NodeBase:
         out = {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
         if spec.image is not None:
             out["image"] = spec.image
+        if spec.runtime != "container":
+            out["runtime"] = spec.runtime
         return out
+
+    def _runtime_class(self, sid: str) -> str:
+        """The runtime class of sandbox ``sid`` (:attr:`sbx.node.types.SandboxSpec.runtime`) from its record.
+        Raises ``NodeError`` ``not_found`` when it has none."""
+        return str(self._record(sid).get("spec", {}).get("runtime") or "container")
 
     def _image_of(self, rec: dict[str, Any]) -> dict[str, Any] | None:
         """The facts of the image a sandbox's record names (:attr:`sbx.node.types.SandboxSpec.image`), None for the

@@ -41,6 +41,9 @@ class SandboxSpec:
       ``key``, ``init``, ``shell``, ``env``, ``workdir``, ``user``, ``users``, ...), or None for sbx's default
       image. The node boots, execs and names templates by it; it travels with the spec so a node that never had
       the image file can still run a sandbox that moved there.
+    - ``runtime``: the sandbox's runtime class, one of :data:`RUNTIME_CLASSES`: ``"container"`` (runc + CRIU, the
+      host's kernel behind seccomp and a shifted uid map) or ``"gvisor"`` (runsc: gVisor's own kernel;
+      :mod:`sbx.runtime.runsc`).
     """
 
     id: str
@@ -48,6 +51,11 @@ class SandboxSpec:
     size: Size
     env: dict[str, str] = field(default_factory=dict)
     image: dict[str, Any] | None = None
+    runtime: str = "container"
+
+
+#: The runtime classes a sandbox can have (:attr:`SandboxSpec.runtime`); the first is the default.
+RUNTIME_CLASSES = ("container", "gvisor")
 
 
 @dataclass

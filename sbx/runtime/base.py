@@ -24,6 +24,20 @@ class RuntimeError_(Exception):
         self.detail = detail
 
 
+def run_in(cmd: list[str], argv: list[str], *, input: bytes | None = None, timeout: float = 60) -> bytes:
+    """Run ``cmd + argv`` (a runtime's exec command line for root in a sandbox, then the command), wait, and return
+    its stdout. Raises :class:`RuntimeError_` on a non-zero exit (with its stderr) or after ``timeout`` seconds."""
+    try:
+        p = subprocess.run([*cmd, *argv], input=input, capture_output=True, timeout=timeout,
+                           stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError_("exec", f"{argv[0]} timed out after {timeout} s") from e
+    if p.returncode != 0:
+        raise RuntimeError_("exec", f"{' '.join(argv)} exited {p.returncode}: "
+                                    f"{p.stderr.decode(errors='replace').strip()[-1000:]}")
+    return p.stdout
+
+
 class Runtime(Protocol):
     """Operations on one container, named by ``cid``, whose OCI bundle is a directory with ``config.json``."""
 

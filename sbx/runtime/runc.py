@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sbx import metrics
 from sbx.runtime import kdat
-from sbx.runtime.base import ContainerState, RuntimeError_
+from sbx.runtime.base import ContainerState, RuntimeError_, run_in
 from sbx.runtime.criu import log_tail
 from sbx.storage import mounts
 
@@ -109,15 +109,7 @@ class RuncRuntime:
     def run(self, cid: str, argv: list[str], *, input: bytes | None = None, timeout: float = 60) -> bytes:
         """Run ``argv`` as root in the container, wait, and return its stdout. Raises :class:`RuntimeError_`
         on a non-zero exit (with its stderr)."""
-        try:
-            p = subprocess.run(self.cmd("exec", cid, *argv), input=input, capture_output=True, timeout=timeout,
-                               stdin=None if input is not None else subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            raise RuntimeError_("exec", f"{argv[0]} timed out after {timeout} s") from e
-        if p.returncode != 0:
-            raise RuntimeError_("exec", f"{' '.join(argv)} exited {p.returncode}: "
-                                        f"{p.stderr.decode(errors='replace').strip()[-1000:]}")
-        return p.stdout
+        return run_in(self.cmd("exec", cid), argv, input=input, timeout=timeout)
 
     def checkpoint(self, cid: str, image_dir: Path, work_dir: Path, image_gid: int = 0,
                    leave_running: bool = False, page_server: str | None = None) -> None:

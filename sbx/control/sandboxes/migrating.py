@@ -92,6 +92,9 @@ class MigrateOps(MoveOps):
         chosen: dict[str, str] = {}
 
         def check(row: SandboxRow) -> ControlError | None:
+            if (row.runtime or "container") != "container":  # runsc restores on one host only (issue 33)
+                return ControlError("not_supported", f"sandbox {row.id} is of the {row.runtime} runtime class, which "
+                                    "can't live-migrate; stop it and resume it where it should run", 409, row.state)
             if row.state != "running":
                 return ControlError("not_running", f"sandbox {row.id} is {row.state}; only a running sandbox "
                                     "migrates (a stopped one moves when it resumes)", 409, row.state)

@@ -16,7 +16,7 @@ from sbx.control.sandboxes.forking import ForkOps
 from sbx.control.store.database import SandboxRow
 from sbx.control.store.ids import ID_RE
 from sbx.control.store.state import TRANSIENT
-from sbx.node.types import NodeError
+from sbx.node.types import RUNTIME_CLASSES, NodeError
 
 log = logging.getLogger("sbx.control")
 
@@ -60,6 +60,7 @@ class LifecycleOps(ForkOps):
         cold: bool = False,
         egress: bool = False,
         image: str | None = None,
+        runtime: str | None = None,
     ) -> SandboxRow:
         """Create a sandbox of size ``type`` for account ``account_id`` (a disk from the base image, from the
         account's image named ``image`` (:mod:`sbx.control.images.catalog`), or a copy of snapshot
@@ -74,8 +75,12 @@ class LifecycleOps(ForkOps):
         (the API answers the same for another account's), 403 ``plan_limit``, 507 ``insufficient_capacity``, 409
         ``egress_proxy_unavailable`` (nothing is created); 400 ``invalid_image_name``, 404 ``image_not_found``, 400
         ``invalid_image`` (both ``image`` and ``from_snapshot``), 400 ``image_too_large`` (the image's file is larger
-        than the size's disk)."""
+        than the size's disk); 400 ``invalid_runtime`` (not one of :data:`sbx.node.types.RUNTIME_CLASSES`). ``runtime``:
+        the sandbox's runtime class (None: that of the snapshot's sandbox, else ``container``)."""
         size = self._size(type)
+        if runtime is not None and runtime not in RUNTIME_CLASSES:
+            raise ControlError("invalid_runtime", f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CLASSES)}",
+                               400, field="runtime")
         _check_name_and_ttl(name, ttl)
         snap = self.store.get_snapshot(from_snapshot) if from_snapshot is not None else None
         if from_snapshot is not None and snap is None:
@@ -90,6 +95,9 @@ class LifecycleOps(ForkOps):
                                f"{size.name} sandbox has {size.disk_mib // 1024} GiB: pick a larger type", 400,
                                field="type")
         image_fields = _image_fields(self, img_row, snap)
+        if runtime is None:  # a snapshot's sandbox keeps its class
+            source = self.store.get_sandbox(snap.sandbox_id) if snap is not None else None
+            runtime = source.runtime if source is not None and source.runtime else RUNTIME_CLASSES[0]
         only: str | None = None
         what_new = f"a new {size.name} sandbox"
         if img_row is not None and len(self.router.agents()) > 1:
@@ -101,7 +109,8 @@ class LifecycleOps(ForkOps):
                                    f"holds snapshot {from_snapshot}", 507)
         proxied = self.router.egress_nodes() if egress else None  # asked outside the lock
         warm = (self._warm_sandbox(account_id, size, proxied)
-                if from_snapshot is None and not cold and img_row is None else None)  # warm ones: default image
+                if from_snapshot is None and not cold and img_row is None and runtime == RUNTIME_CLASSES[0]
+                else None)  # warm ones: default image, container class
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)
@@ -110,7 +119,8 @@ class LifecycleOps(ForkOps):
                 "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
                 no_snapshots=no_snapshots, auto_resume=auto_resume, from_snapshot=from_snapshot,
                 labels=dict(labels or {}), account_id=account_id, node=node,
-                sandbox_id=warm[1] if warm is not None and warm[0] == node else None, **image_fields,
+                sandbox_id=warm[1] if warm is not None and warm[0] == node else None, runtime=runtime,
+                **image_fields,
             )
             self.meter.record_start(account_id, row.id, "create")
         sandbox_id = row.id
@@ -317,6 +327,9 @@ class LifecycleOps(ForkOps):
         ``snapshots_disabled``/``busy``/``invalid_state``, 507 ``insufficient_capacity`` (no node may take it, with
         ``memory`` none whose fingerprint matches the source node's: nothing is created)."""
         source = self.get(source_id)
+        if memory and (source.runtime or RUNTIME_CLASSES[0]) != RUNTIME_CLASSES[0]:
+            raise ControlError("not_supported", f"sandbox {source_id} is of the {source.runtime} runtime class, which "
+                               "can't fork with memory; fork without memory (its disk) instead", 409)
         if source.no_snapshots:
             raise ControlError(
                 "snapshots_disabled", f"sandbox {source_id} was created with --no-snapshots and cannot be forked", 409
@@ -345,6 +358,7 @@ class LifecycleOps(ForkOps):
                     dict(source.env if env is None else env), no_snapshots=False, source_id=source_id,
                     labels=dict(source.labels or {}), account_id=source.account_id, node=node,
                     image_id=source.image_id, image=source.image,  # a fork is of its source's image
+                    runtime=source.runtime or RUNTIME_CLASSES[0],  # and of its class
                 )
                 self.meter.record_start(source.account_id, row.id, "fork")
             fork_id = row.id

@@ -157,6 +157,7 @@ class PlaneBase(Admission):
             "noSnapshots": bool(row.no_snapshots),
             "labels": dict(row.labels or {}),
             "image": (row.image or {}).get("name"),
+            "runtime": row.runtime or "container",
             "memorySaved": row.memory_saved,
             "stopReason": row.stop_reason,
             "stopError": row.stop_error,
@@ -175,7 +176,7 @@ class PlaneBase(Admission):
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
         return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env),
-                           image=dict(row.image) if row.image else None)
+                           image=dict(row.image) if row.image else None, runtime=row.runtime or "container")
 
     # events ----------------------------------------------------------------------------------------------------
     def _measure_stored(self, sandbox_id: str) -> None:

@@ -65,7 +65,8 @@ class SandboxRow(Base):
     ``memory_saved``/``stop_reason``/``stop_error`` describe the last stop (whether memory was written, why it
     stopped, what failed); ``node`` the node that holds it (None: the server's only node, rows from before 0007);
     ``image_id``/``image`` the user image its disk came from (``{"name", "key", ...facts}``; None: sbx's default
-    image, :mod:`sbx.control.images.catalog`)."""
+    image, :mod:`sbx.control.images.catalog`); ``runtime`` its runtime class (:data:`sbx.node.types.RUNTIME_CLASSES`:
+    ``container`` or ``gvisor``)."""
 
     __tablename__ = "sandboxes"
 
@@ -95,6 +96,7 @@ class SandboxRow(Base):
     account_id: Mapped[str] = mapped_column(String(24), index=True, default="acct_default")
     image_id: Mapped[str | None] = mapped_column(String(24), nullable=True, index=True)
     image: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    runtime: Mapped[str] = mapped_column(String(16), default="container", server_default="container")
 
 
 class SnapshotRow(Base):

@@ -186,6 +186,9 @@ class ExecMixin(ChannelMixin):
         job = "job_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
         rec = self._record(id)
         image = self._image_of(rec)
+        if self.runtime.gvisor(id):  # sbx's minimal init there: no systemd-run, and runsc exec trees aren't restored
+            raise NodeError("not_supported", "detached commands (jobs) are not supported for sandboxes of the gvisor "
+                                             "runtime class (no systemd inside): run the command attached")
         if image is not None and image.get("init") != "systemd":
             raise NodeError("not_supported", "detached commands need systemd, and this sandbox's image has none "
                                              "(it runs sbx's minimal init): run the command attached")
@@ -275,6 +278,9 @@ class ExecMixin(ChannelMixin):
         login = login_for(self._image_of(rec), user)
         uid, gid, home = login.uid, login.gid, login.home
         envs = _login_env(login, self._exec_env(rec, env))
+        if tty and self.runtime.gvisor(id):
+            raise NodeError("not_supported", "a terminal is not supported for sandboxes of the gvisor runtime class "
+                                             "(runsc exec has no --tty): use ssh, or run commands without one")
         if tty:
             import pty
 

@@ -7,7 +7,9 @@
 2. CRIU :data:`~sbx.node.host.criuinstall.CRIU_VERSION` from Debian sid into ``settings.criu_dir``, beside the host's
    own packages (:func:`sbx.node.host.criuinstall.install_criu`);
 3. the reflink XFS data volume (:func:`sbx.storage.volume.ensure_volume`);
-4. the base image (:func:`sbx.node.host.image.ensure_image`).
+4. the base image (:func:`sbx.node.host.image.ensure_image`);
+5. gVisor's ``runsc`` from Debian trixie at :data:`~sbx.node.host.runscinstall.RUNSC_PATH`, for the ``gvisor`` runtime
+   class (:func:`sbx.node.host.runscinstall.install_runsc`).
 
 :func:`doctor` reports what is in place as a list of :class:`Check`.
 """
@@ -38,6 +40,7 @@ from sbx.node.host.criuinstall import (
     run_step,
     version_tuple,
 )
+from sbx.node.host.runscinstall import RUNSC_PATH, install_runsc, installed_runsc_version
 
 #: Debian packages the host needs (runc; image builds: the default image, and images from a Dockerfile or an OCI
 #: image with buildah, skopeo and umoci, tini's static build for images without systemd; disks and the XFS volume;
@@ -120,7 +123,8 @@ def install_host_packages(progress: Progress | None = None) -> list[str]:
 def setup_host(settings: Settings, progress: Progress | None = None) -> Path:
     """Prepare this host for sandboxes; safe to run again (each step skips what is already done).
 
-    Steps: host packages, CRIU from sid (:func:`install_criu`), the reflink XFS volume
+    Steps: host packages, CRIU from sid (:func:`install_criu`), runsc from trixie (:func:`install_runsc`), the
+    reflink XFS volume
     (:func:`sbx.storage.volume.ensure_volume`), kernel limits (:func:`sbx.node.host.limits.apply`: inotify, pids,
     conntrack, written to ``/etc/sysctl.d/60-sbx.conf``; keys it can't raise are reported), the base image
     (:func:`sbx.node.host.image.ensure_image`).
@@ -130,6 +134,7 @@ def setup_host(settings: Settings, progress: Progress | None = None) -> Path:
     say = progress or quiet
     install_host_packages(say)
     install_criu(settings, say)
+    install_runsc(settings.home / "runsc-apt", say)
     from sbx.storage.volume import ensure_volume
 
     say(f"Data volume: {settings.volume}")
@@ -187,6 +192,9 @@ def doctor(settings: Settings) -> list[Check]:
         checks.append(Check("runc", True, out.splitlines()[0] if out else runc))
     else:
         checks.append(Check("runc", False, "runc not found on PATH", "apt-get install runc (or `sbx setup`)"))
+    runsc = installed_runsc_version()
+    checks.append(Check("runsc", runsc is not None, runsc or f"{RUNSC_PATH} missing or does not run",
+                        "" if runsc else setup_fix))
 
     version = installed_criu_version(settings)
     wrapper = criu_wrapper(settings)

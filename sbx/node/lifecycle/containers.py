@@ -25,6 +25,8 @@ from sbx.config import Size
 from sbx.guest import minimal
 from sbx.node.agentbase import NodeBase
 from sbx.node.container import guestfs, lxcfs, rootfs
+from sbx.node.lifecycle import gvisor
+from sbx.node.lifecycle.gvisor import GVISOR
 from sbx.node.network import bridge as network
 from sbx.node.network import resolver
 from sbx.node.types import NodeError, SandboxSpec
@@ -46,11 +48,15 @@ class LifecycleMixin(NodeBase):
         taken for ``spec.id`` (:meth:`sbx.node.memory.warmpool.WarmPoolMixin.pool_take`) becomes the sandbox, else the
         size's memory template is restored when one is ready (:mod:`sbx.node.memory.templates`); a cold boot asks for
         the template to be built. Returns how it started: ``"pool"``, ``"template"`` or ``"boot"``."""
+        gvisor = spec.runtime == GVISOR  # booted by runsc: no runc memory template or warm sandbox fits it
+        if gvisor and not self.runtime.runsc.available():
+            raise NodeError("runtime_unavailable", f"the gvisor runtime class needs runsc at {self.runtime.runsc.runsc}"
+                            " on this node: run `sbx setup`")
         with self._lock(spec.id):
             base = self._base_for(spec.image) if from_snapshot is None else self._snapshot_path(from_snapshot)
             if not base.is_file():
                 raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
-            use_template = from_snapshot is None and not cold and self.settings.templates
+            use_template = from_snapshot is None and not cold and self.settings.templates and not gvisor
             if self._pool_claim(spec, use=use_template and spec.image is None):  # warm ones are of the default image
                 return "pool"
             self._new_record(spec)
@@ -63,7 +69,7 @@ class LifecycleMixin(NodeBase):
                 raise NodeError("boot_failed", f"disk: {e}") from e
             self._set_phase(spec.id, "stopped", startedFrom="boot")
             self._boot(spec.id, spec.size, fresh_identity=True)
-        if from_snapshot is None:
+        if from_snapshot is None and not gvisor:
             self._want_template(spec.size, spec.image)
         return "boot"
 
@@ -112,8 +118,24 @@ class LifecycleMixin(NodeBase):
             rootfs.precreate_mount_targets(self._hostroot(sid), config)
         except (guestfs.UnsafePath, OSError) as e:
             raise NodeError("boot_failed", f"mount targets: {e}") from e
+        if self.runtime.gvisor(sid):  # runsc: its own config, a named network namespace wired before it starts
+            config = gvisor.gvisor_config(config, str(self._hostroot(sid)), str(self._gvisor_netns(sid, rec)))
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         return bundle
+
+    def _gvisor_netns(self, sid: str, rec: dict[str, Any]) -> Path:
+        """A fresh network namespace for gvisor sandbox ``sid`` with its lease's ``eth0`` and default route on the
+        bridge (as the container class's prestart hook wires it). Made again before every boot and restore: runsc
+        took the address and routes out of the last one. Raises ``NodeError`` ``boot_failed``."""
+        runsc = self.runtime.runsc
+        try:
+            path = runsc.fresh_netns(sid)
+            with runsc.netns_holder(sid) as pid:
+                network.wire_sandbox(pid, network.lease_from_json(json.dumps(rec["lease"])), self.settings.bridge,
+                                     self.settings.node_name)
+        except (RuntimeError_, OSError) as e:
+            raise NodeError("boot_failed", f"network namespace: {e}") from e
+        return path
 
     def _write_identity(self, sid: str, hostname: str, fresh: bool) -> None:
         """Write hostname, hosts, resolv.conf (and, for a new identity, machine-id and /etc/sbx/identity) into
@@ -148,6 +170,8 @@ class LifecycleMixin(NodeBase):
         self._write_identity(sid, rec["spec"]["hostname"], fresh_identity or bool(rec.get("freshIdentity")))
         self._write_shutdown_hook(sid)
         self._identity_written(sid)
+        if self.runtime.gvisor(sid):
+            gvisor.install_init(self._hostroot(sid))
         bundle = self._write_bundle(sid, rec, size)
         self._set_phase(sid, "booting")
         try:
@@ -169,7 +193,7 @@ class LifecycleMixin(NodeBase):
         deadline = time.monotonic() + READY_TIMEOUT
         state = ""
         probe = ["systemctl", "is-system-running"]
-        if _minimal(self._image_of(self._record(sid))):
+        if _minimal(self._image_of(self._record(sid))) or self.runtime.gvisor(sid):
             probe = ["/bin/sh", "-c", f"test -e {minimal.MINIMAL_READY_FILE} && echo running || echo starting"]
         while time.monotonic() < deadline:
             p = subprocess.run(
@@ -206,6 +230,7 @@ class LifecycleMixin(NodeBase):
             # nothing of its exec channel stays: a migration's quiesce (the copy it leaves is deleted) would
             # otherwise keep the agent off for the same id when it moves back here
             self._channel_resume(id)
+            self.runtime.forget(id)
 
     def address(self, id: str) -> str:
         """The sandbox's IPv4 address on the node's bridge (``10.88.0.7``), where its ports answer."""

@@ -80,7 +80,7 @@ class WatchMixin(NodeBase):
                     continue
             except (OSError, ValueError):
                 continue
-            if watch.init_alive(self.run_dir / "runc" / d.name / "state.json"):
+            if self._init_alive(d.name):
                 continue
             lock = self._lock(d.name)
             if not lock.acquire(blocking=False):  # an operation is working on it: it decides
@@ -92,13 +92,20 @@ class WatchMixin(NodeBase):
             if ended is not None and self._on_exit is not None:
                 self._on_exit(d.name, *ended)
 
+    def _init_alive(self, sid: str) -> bool:
+        """Whether the sandbox's init lives: runc's state file's init (no runc started), or for a gvisor sandbox
+        runsc's state file's Sandbox process (:meth:`sbx.runtime.runsc.RunscRuntime.state`)."""
+        if self.runtime.gvisor(sid):
+            return self.runtime.state(sid) in ("running", "paused", "created")
+        return bool(watch.init_alive(self.run_dir / "runc" / sid / "state.json"))
+
     def _settle_ended(self, sid: str) -> tuple[str, str | None] | None:
         """With the sandbox's lock held: if its init really ended, clean up and return ``(kind, detail)``."""
         try:
             rec = self._record(sid)
         except NodeError:
             return None
-        if rec.get("phase") != "running" or watch.init_alive(self.run_dir / "runc" / sid / "state.json"):
+        if rec.get("phase") != "running" or self._init_alive(sid):
             return None
         try:
             word = guestfs.read_file(self._hostroot(sid), watch.KIND_FILE, limit=64).decode(errors="replace")

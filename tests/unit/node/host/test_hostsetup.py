@@ -104,6 +104,7 @@ def test_doctor_reports_every_check(tmp_path: Path) -> None:
     names = [c.name for c in checks]
     assert names == [
         "runc",
+        "runsc",
         "criu",
         "criu check",
         "mmdebstrap",
