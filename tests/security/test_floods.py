@@ -10,6 +10,8 @@ addresses on port 53, which the node redirects to that same resolver, never anyw
 - a sandbox's DNS goes to the node's resolver only: its ``resolv.conf`` names the gateway, and queries it addresses
   to the host's own nameservers (or any denied address), over UDP or TCP, are answered by the node's resolver;
 - DNS keeps working across a stop and resume with memory, in a process that lived through it;
+- a server killed with ``-9`` leaves nothing half-configured: the port is free, the rules whole, and the restarted
+  server resolves again;
 - the issue's test: a flood of 10,000 queries from one sandbox is held to its bucket (at most burst + rate x time
   answered, and no more reach the upstream) while a neighbour's queries are all answered, and 100,000 connection
   attempts from one sandbox leave at most 500 of its connections in the host's conntrack table while the neighbour's
@@ -374,3 +376,31 @@ def test_floods_are_held_to_their_limits_while_a_neighbour_keeps_working(server:
         t.join(timeout=300)
     for sid in (a, b):
         server.sbx("delete", sid, "--wait", check=True)
+
+
+def test_a_server_killed_with_9_leaves_dns_whole(tmp_path_factory: pytest.TempPathFactory,
+                                                 upstream: FakeNameserver) -> None:
+    """The resolver lives in the server's process and keeps nothing outside it: after ``kill -9`` the gateway's
+    port 53 is free at once (nothing half-bound), the node's nftables table is whole (one DNS redirect chain, the
+    sandbox still pinned), the sandbox keeps running, and the restarted server resolves for it again."""
+    from tests.e2e.faultsrv import FaultServer
+
+    fs = FaultServer(tmp_path_factory.mktemp("sbx-floodkill"), prefix="SBX_FLOODKILL", node="floodk",
+                     bridge="sbxfloodk0", subnet="10.71.0.0/16", SBX_DNS_UPSTREAMS=f"127.0.0.1:{upstream.port}")
+    try:
+        srv = fs.start()
+        sid = new_sandbox(srv)
+        gw = _gateway(srv)
+        assert _python(srv, sid, ASK, f"{gw} udp before.kill.test") == {"before.kill.test": FAKE_ANSWER}
+        fs.kill9()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((gw, 53))  # free: the killed process's socket went with it
+        table = subprocess.run(["nft", "list", "table", "inet", ruleset.table_name(fs.node)], capture_output=True,
+                               text=True, check=True).stdout
+        assert table.count("chain dns_redirect") == 1 and "conn_limit" in table
+        srv = fs.start()
+        assert _python(srv, sid, ASK, f"{gw} udp after.kill.test", f"{gw} tcp after2.kill.test") == {
+            "after.kill.test": FAKE_ANSWER, "after2.kill.test": FAKE_ANSWER}
+        assert upstream.asked("kill.test.") >= 3
+    finally:
+        fs.close()
