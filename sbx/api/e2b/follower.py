@@ -11,12 +11,16 @@ NONCE_MARK = "# sbx-e2b-started-by:"
 """The comment line of a job's command that names the nonce of the ``Start`` that made it."""
 START_WAIT = 120.0
 """Seconds a follower waits for the job it was started for (and the server for that job's start)."""
-QUICK_POLLS = 75
-"""Polls (:data:`NAP` apart: 0.3 s in all) for a quick job's end before its output is streamed instead
-(:func:`follower_script`)."""
 NAP = "if [ $i -lt 25 ]; then sleep 0.001; else sleep 0.005; fi"
 """The wait between two polls of a loop counting in ``i``: 1 ms for the first 25, then 5 ms (each is a ``sleep``
 process)."""
+WATCH_NAP = "if [ $i -lt 25 ]; then sleep 0.001; elif [ $i -lt 125 ]; then sleep 0.005; else sleep 0.03; fi"
+"""The wait between two polls for a job's end: 1 ms at first, 5 ms after 25 ms, 30 ms after 0.5 s."""
+QUICK_POLLS = 15
+"""Polls 1 ms apart (some 30 ms in all) for a quick job's end before its output is streamed: a job that ends by
+then has it printed at once (output is at most that late)."""
+TAIL_POLL = 0.01
+"""Seconds between two checks by ``tail -f`` that the job has ended (it sees new output at once, by inotify)."""
 
 def _locate(nonce: str) -> str:
     """Shell setting ``d`` to the folder of the job whose command carries ``nonce`` (a job started at most 10 s
@@ -39,11 +43,12 @@ def _locate(nonce: str) -> str:
 def follower_script(job: str, from_now: bool, nonce: str | None = None, locate: str | None = None) -> str:
     """The root command that prints job ``job``'s pid line (``<pid> <job>``), then its output (stdout to stdout,
     stderr to stderr; from the start, or from what is there now with ``from_now``) until it ends, and exits with
-    its exit code. A first line that is not a number means there is no such job. A job that ends within
-    :data:`QUICK_POLLS` polls (0.3 s; most commands) has its output printed at once when it ends; a longer one's is
-    streamed by ``tail -f``, whose end is noticed within 30-60 ms. With ``nonce`` (``job`` unused) the job is found
-    by the nonce its command carries (:func:`job_command`): the follower may start before the job does. With
-    ``locate``, that shell finds the job (it sets ``d``, the job's folder)."""
+    its exit code. A first line that is not a number means there is no such job. The output of a job that ends
+    within :data:`QUICK_POLLS` polls is printed at once; a longer one's is streamed by ``tail -f`` as the job
+    writes it, and its end noticed within some 10 ms (:data:`WATCH_NAP`, :data:`TAIL_POLL`). With ``nonce``
+    (``job`` unused) the job is found by the nonce its command carries (:func:`sbx.api.e2b.procs.job_command`): the
+    follower may start before the job does. With ``locate``, that shell finds the job (it sets ``d``, its
+    folder)."""
     where = locate or (_locate(nonce) if nonce else f'd={shlex.quote(f"{JOBS_DIR}/{job}")}; ')
     start = ('o=$(stat -c %s "$d/stdout" 2>/dev/null || echo 0); e=$(stat -c %s "$d/stderr")' if from_now
              else 'o=0; e=$(( ${#p} + 1 ))')
@@ -53,11 +58,11 @@ def follower_script(job: str, from_now: bool, nonce: str | None = None, locate: 
         '  i=$((i+1)); if [ $i -gt 2000 ] || [ -e "$d/exit" ]; then p=0; break; fi; ' + NAP + '; done\n'
         'printf "%s %s\\n" "$p" "${d##*/}"\n'
         f'{start}\n'
-        f'i=0; while [ ! -s "$d/exit" ] && [ $i -lt {QUICK_POLLS} ]; do i=$((i+1)); {NAP}; done\n'
+        f'i=0; while [ ! -s "$d/exit" ] && [ $i -lt {QUICK_POLLS} ]; do i=$((i+1)); sleep 0.001; done\n'
         'if [ -s "$d/exit" ]; then tail -c +$((o+1)) "$d/stdout"; tail -c +$((e+1)) "$d/stderr" >&2; '
         'x=; IFS= read -r x < "$d/exit"; exit "${x:-1}"; fi\n'
-        '( while [ ! -s "$d/exit" ]; do sleep 0.03; done ) & w=$!\n'
-        'tail -s 0.03 --pid=$w -c +$((o+1)) -f "$d/stdout" & a=$!\n'
-        'tail -s 0.03 --pid=$w -c +$((e+1)) -f "$d/stderr" >&2 & b=$!\n'
-        'wait $a $b; exit "$(cat "$d/exit")"'
+        f'( i=0; while [ ! -s "$d/exit" ]; do i=$((i+1)); {WATCH_NAP}; done ) & w=$!\n'
+        f'tail -s {TAIL_POLL} --pid=$w -c +$((o+1)) -f "$d/stdout" & a=$!\n'
+        f'tail -s {TAIL_POLL} --pid=$w -c +$((e+1)) -f "$d/stderr" >&2 & b=$!\n'
+        'wait $a $b; x=; IFS= read -r x < "$d/exit"; exit "${x:-1}"'
     )
