@@ -21,8 +21,12 @@ from sbx.guest.recipe import GuestFile
 MINIMAL_TINI = "/usr/lib/sbx/tini"
 #: The init script (``files/usr/lib/sbx/sbx-init``) in the image.
 MINIMAL_INIT_SCRIPT = "/usr/lib/sbx/sbx-init"
-#: The OCI process args of a sandbox whose image's init is ``minimal``.
-MINIMAL_INIT_ARGS = (MINIMAL_TINI, "-g", "--", "/bin/sh", MINIMAL_INIT_SCRIPT)
+#: The OCI process args of a sandbox whose image's init is ``minimal``: a shell that points its standard streams at
+#: ``/dev/null`` and becomes tini (PID 1 stays one process). ``runc run -d`` hands the container the node's pipes;
+#: systemd reopens its own, tini and the script would keep them open and the node's ``runc run`` would wait for their
+#: end (seen: the boot timed out after 120 s).
+MINIMAL_INIT_ARGS = ("/bin/sh", "-c", f"exec </dev/null >/dev/null 2>&1; exec {MINIMAL_TINI} -g -- /bin/sh "
+                     f"{MINIMAL_INIT_SCRIPT}")
 #: The file the init script creates once sshd and the exec agent (those the image has) are started.
 MINIMAL_READY_FILE = "/run/sbx-init.ready"
 #: The signals the init script stops on: SIGTERM and SIGRTMIN+3 (37, how the node asks for a halt).
