@@ -26,12 +26,9 @@ Errors: 400 ``invalid_image_name``, ``bad_context``, ``dockerfile_missing``, ``b
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,6 +44,7 @@ from sbx.control.errors import ControlError
 from sbx.control.images.catalog import NAME_PATTERN, ImageRow
 from sbx.control.service import ControlPlane
 from sbx.node.images.contexttar import BadContext, unpack_context
+from sbx.node.images.progress import ndjson_progress
 
 #: Largest build context or archive an upload may be (bytes).
 MAX_UPLOAD_BYTES = 16 << 30
@@ -196,26 +194,12 @@ def _answer(stream: bool, request: Request, work: Path, run: Callable[[Callable[
 
 def _stream(work: Path, run: Callable[[Callable[[str], None]], ImageRow],
             show: Callable[[ImageRow], dict[str, Any]]) -> Iterator[bytes]:
-    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    def failed(e: Exception) -> dict[str, Any]:
+        if isinstance(e, ControlError):
+            return {"error": {"code": e.code, "message": e.message}}
+        return {"error": {"code": "image_build_failed", "message": f"{type(e).__name__}: {e}"}}
 
-    def worker() -> None:
-        try:
-            row = run(lambda msg: lines.put({"progress": str(msg)[:2000]}))
-            lines.put({"image": show(row)})
-        except ControlError as e:
-            lines.put({"error": {"code": e.code, "message": e.message}})
-        except Exception as e:  # the stream has begun: the error goes in it
-            lines.put({"error": {"code": "image_build_failed", "message": f"{type(e).__name__}: {e}"}})
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-            lines.put(None)
-
-    threading.Thread(target=worker, name="image-build", daemon=True).start()
-    while True:
-        item = lines.get()
-        if item is None:
-            return
-        yield (json.dumps(item) + "\n").encode()
+    return ndjson_progress(work, run, lambda row: {"image": show(row)}, failed)
 
 
 __all__ = ["MAX_UPLOAD_BYTES", "register"]

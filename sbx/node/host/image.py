@@ -174,7 +174,7 @@ def build_image(target: Path, progress: Progress | None = None) -> None:
         meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
         os.replace(meta_tmp, target.with_suffix(".json"))
         os.replace(tmp, target)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         say(f"Image ready: {target} ({time.monotonic() - start:.0f} s)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -339,7 +339,8 @@ def _mkfs(rootfs: Path, out: Path, size: int) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """``fsync`` the folder ``path``, so a rename into it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

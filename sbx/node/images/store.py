@@ -32,7 +32,7 @@ from pathlib import Path
 from sbx.config import Settings
 from sbx.guest import recipe
 from sbx.node.host import mirrors
-from sbx.node.host.image import IN_USE_SUFFIX, detach_mounts, write_ext4
+from sbx.node.host.image import IN_USE_SUFFIX, detach_mounts, fsync_dir, write_ext4
 from sbx.node.images import buildah, layer, sources
 from sbx.node.images import dockerfile as dockerfiles
 from sbx.node.images.buildnet import nameservers
@@ -316,18 +316,11 @@ def _finish(settings: Settings, key: str, work: Path, network: AbstractContextMa
         os.replace(work / "source.oci.tar", d / f"{key}.oci.tar")
         os.replace(work / "facts.json", facts_file(settings, key))
         os.replace(out, image_file(settings, key))
-        _fsync_dir(d)
+        fsync_dir(d)
         say(f"image {key[:12]} ready ({facts.init}, {content // 2**20} MiB in {size // 2**20} MiB, "
             f"{facts.build_seconds:.0f} s)")
         return facts
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _ca_file(settings: Settings) -> str | None:

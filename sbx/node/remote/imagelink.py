@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sbx.node.images.contexttar import BadContext, pack_context, unpack_context
+from sbx.node.images.progress import ndjson_progress
 from sbx.node.types import NodeError
 
 Progress = Callable[[str], None]
@@ -81,23 +80,13 @@ def image_routes(app: FastAPI, node: Any) -> None:
 
 
 def _run(work: Path, run: Callable[[Progress], Any]) -> Iterator[bytes]:
-    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    def failed(e: Exception) -> dict[str, Any]:
+        if isinstance(e, NodeError):
+            return {"error": {"code": e.code, "message": e.message}}
+        return {"error": {"code": "image_build_failed", "message": f"{type(e).__name__}: {e}"}}
 
-    def worker() -> None:
-        try:
-            facts = run(lambda msg: lines.put({"progress": str(msg)[:2000]}))
-            lines.put({"result": facts.to_json() if hasattr(facts, "to_json") else dict(facts)})
-        except NodeError as e:
-            lines.put({"error": {"code": e.code, "message": e.message}})
-        except Exception as e:  # the stream has begun: the error goes in it
-            lines.put({"error": {"code": "image_build_failed", "message": f"{type(e).__name__}: {e}"}})
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-            lines.put(None)
-
-    threading.Thread(target=worker, name="node-image-build", daemon=True).start()
-    while (item := lines.get()) is not None:
-        yield (json.dumps(item) + "\n").encode()
+    return ndjson_progress(work, run, lambda facts: {"result": facts.to_json() if hasattr(facts, "to_json")
+                                                     else dict(facts)}, failed)
 
 
 def _chunks(f: IO[bytes]) -> Iterator[bytes]:
