@@ -298,18 +298,24 @@ except OSError as e:
 '''
 
 
-def _conntrack_of(address: str) -> tuple[int, int]:
-    """``(open, all)``: entries of the host's conntrack table that ``address`` started (its original direction's
-    source); ``open`` leaves out TCP connections in ``TIME_WAIT`` or ``CLOSE`` (ended, what ``ct count`` no longer
-    counts)."""
+def _conntrack_of(address: str) -> tuple[int, int, dict[str, int]]:
+    """``(open, all, kinds)``: entries of the host's conntrack table that ``address`` started (its original
+    direction's source); ``open`` leaves out TCP connections in ``TIME_WAIT`` or ``CLOSE`` (ended, what ``ct count``
+    no longer counts); ``kinds`` counts them by protocol, state and destination port."""
     opened = every = 0
+    kinds: dict[str, int] = {}
     with open("/proc/net/nf_conntrack") as f:
         for line in f:
             src = line.split("src=", 1)
             if len(src) == 2 and src[1].split(" ", 1)[0] == address:
                 every += 1
                 opened += not (" TIME_WAIT " in line or " CLOSE " in line)
-    return opened, every
+                fields = line.split()
+                state = fields[5] if fields[2] == "tcp" else ""
+                dport = next((x for x in fields if x.startswith("dport=")), "")
+                kind = f"{fields[2]} {state} {dport}"
+                kinds[kind] = kinds.get(kind, 0) + 1
+    return opened, every, kinds
 
 
 def _counter(server: Server, name: str) -> int:
@@ -340,6 +346,7 @@ def test_floods_are_held_to_their_limits_while_a_neighbour_keeps_working(server:
     neighbour = _python(server, b, DNS_PROBE, gw, "2", timeout=120)
     t.join(timeout=180)
     dns = result["dns"]
+    print(f"dns flood: {dns}, upstream asked {upstream.asked('.flood.test.')}, neighbour {neighbour}")  # the report
     assert dns["sent"] == 10000
     bound = BURST + RATE * dns["seconds"] + 2
     assert BURST <= dns["answered"] <= bound, dns
@@ -360,10 +367,13 @@ def test_floods_are_held_to_their_limits_while_a_neighbour_keeps_working(server:
             return json.loads(r.stdout) if r.stdout.strip() else None
 
         conn = poll(flooded, "the connection flood's end", timeout=240, interval=1)
-        opened, every = _conntrack_of(a_ip)
+        opened, every, kinds = _conntrack_of(a_ip)
+        print(f"connection flood: {conn}, A's conntrack entries: {opened} open, {every} in all: {kinds}")  # report
         assert conn["attempts"] == 100000, conn
         assert conn["held"] <= MAX_CONNECTIONS and conn["held"] + conn["refused"] == conn["attempts"], conn
-        assert opened <= MAX_CONNECTIONS, (opened, every)
+        # the kernel's ct count (nf_conncount) forgets ended entries lazily, a few at each new connection, so a
+        # handful more than the limit may stand at one moment (seen: 501 of 500); never the flood's 100,000
+        assert opened <= MAX_CONNECTIONS * 1.02, (opened, every, kinds)
         # what ended stays a while (TIME_WAIT): bounded by the new-connection rate (the flood's time plus the wait)
         assert every <= MAX_CONNECTIONS + 2 * RATE_CONN + RATE_CONN * (conn["seconds"] + 30), (opened, every)
         assert _counter(server, "conn_limited") - limited_before >= 100000 - MAX_CONNECTIONS
