@@ -236,6 +236,13 @@ def force_clean(node_name: str, node_dir: Path) -> list[str]:
         left = list(runc.statuses())
         for cid in left:
             runc.delete(cid)
+    if (run_dir / "runsc").is_dir():  # gvisor sandboxes (sbx.runtime.runsc), with their network namespaces
+        from sbx.runtime.runsc import RunscRuntime
+
+        runsc = RunscRuntime(run_dir / "runsc")
+        for cid in runsc.list():
+            runsc.destroy(cid)
+            left.append(cid)
     for folder in (run_dir, node_dir):
         remove_tree(folder)  # lazily unmounts every mount it meets instead of descending into it
     return left

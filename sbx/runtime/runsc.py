@@ -292,12 +292,20 @@ class RunscRuntime:
         """Send ``signal`` to the sandbox's init (no error if it is gone)."""
         subprocess.run(self.cmd("kill", cid, str(signal)), capture_output=True, stdin=subprocess.DEVNULL, timeout=30)
 
-    def delete(self, cid: str) -> None:
-        """``runsc delete --force`` (kills it first; no error if unknown)."""
-        if self._state_file(cid) is None and not any(self.state_root.glob(f"{cid}_sandbox*")):
+    def delete(self, cid: str, wait: float = 10.0) -> None:
+        """``runsc delete --force`` (kills it first; no error if unknown), then wait up to ``wait`` seconds until its
+        Sandbox and gofer processes are gone: the gofer's root is the sandbox's disk, and a disk still mounted
+        there keeps its loop device busy (an unmount right after the delete then waited 16 s, seen)."""
+        doc = self._state_file(cid)
+        if doc is None and not any(self.state_root.glob(f"{cid}_sandbox*")):
             return
+        pids = [p for p in (self._sandbox_pid(doc) if doc else None, (doc or {}).get("goferPid"))
+                if isinstance(p, int) and p > 0]
         subprocess.run(self.cmd("delete", "--force", cid), capture_output=True, stdin=subprocess.DEVNULL,
                        timeout=60)
+        deadline = time.monotonic() + wait
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def destroy(self, cid: str) -> None:
         """:meth:`delete` and remove the network namespace and the log: nothing of ``cid`` stays."""
@@ -316,10 +324,10 @@ class RunscRuntime:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
         return False
-    except PermissionError:
-        return True
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
