@@ -17,6 +17,7 @@ Same :class:`sbx.runtime.base.Runtime` shape as :class:`sbx.runtime.runc.RuncRun
 - a checkpoint leaves the sandbox listed ``running``: it is deleted with ``--force`` afterwards;
 - processes started by ``runsc exec`` are not restored (gVisor's restore leaves exec'd process trees out, by design);
   the init's process tree (sshd, the exec agent and what they start) is;
+- ``runsc exec`` has no ``--tty``: a terminal's process goes in a process file with ``terminal: true``;
 - ``runsc exec --pid-file`` names the host ``runsc exec`` client, not the guest process: killing it leaves the guest
   command running (and the Sentry holds the output pipes open), so :meth:`RunscRuntime.exec` kills the guest
   command's process group (its guest pid, ``--internal-pid-file``, leads one) when the client was killed.
@@ -103,14 +104,40 @@ class RunscRuntime:
     def exec_command(self, cid: str, argv: list[str], *, uid: int, gid: int, cwd: str, env: list[str],
                      extra: tuple[str, ...] = ()) -> list[str]:
         """The ``runsc exec`` command line running ``argv`` in ``cid`` as ``uid:gid`` in ``cwd`` with ``env``
-        (``KEY=VALUE``); ``extra`` are further exec flags. runsc has no ``--tty``: a terminal is refused
-        (:class:`RuntimeError_`)."""
-        if "--tty" in extra or "-t" in extra:
-            raise RuntimeError_("exec", "the gvisor runtime class has no terminal for runsc exec")
+        (``KEY=VALUE``); ``extra`` are further exec flags. runsc exec has no ``--tty``: with ``--tty`` in ``extra`` the
+        process is described in a process file (``--process``, ``terminal: true``), and runsc gives it the terminal
+        its own stdin is (the command is a session leader without a controlling terminal: ``tty`` answers "not a
+        tty", ``stty`` and ``test -t`` work)."""
+        if "--tty" in extra:
+            process = self._process_file(cid, argv, uid=uid, gid=gid, cwd=cwd, env=env)
+            rest = tuple(x for x in extra if x != "--tty")
+            return self.cmd("exec", *rest, "--process", str(process), cid)
         args = self.cmd("exec", "--user", f"{uid}:{gid}", "--cwd", cwd, *extra)
         for e in env:
             args += ["--env", e]
         return [*args, cid, *argv]
+
+    def _process_file(self, cid: str, argv: list[str], *, uid: int, gid: int, cwd: str, env: list[str]) -> Path:
+        """Write an OCI process (``terminal: true``) for ``runsc exec --process`` under ``<root>/<cid>.exec/`` (files
+        older than a minute there are removed: runsc read them at its start). Root gets the capabilities of the
+        sandbox's own process, as ``runsc exec`` gives them without a process file."""
+        folder = self.state_root / f"{cid}.exec"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        now = time.time()
+        for old in folder.glob("*.json"):
+            with contextlib.suppress(OSError):
+                if now - old.stat().st_mtime > 60:
+                    old.unlink()
+        doc = self._state_file(cid) or {}
+        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        caps = (spec or {}).get("process", {}).get("capabilities") if uid == 0 else None
+        process: dict[str, object] = {"terminal": True, "user": {"uid": uid, "gid": gid}, "args": list(argv),
+                                      "env": list(env), "cwd": cwd}
+        if caps:
+            process["capabilities"] = caps
+        path = folder / f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}.json"
+        path.write_text(json.dumps(process))
+        return path
 
     def _log(self, cid: str) -> Path:
         return self.state_root / f"{cid}.log"
@@ -313,6 +340,7 @@ class RunscRuntime:
         self.remove_netns(cid)
         with contextlib.suppress(OSError):
             self._log(cid).unlink()
+        shutil.rmtree(self.state_root / f"{cid}.exec", ignore_errors=True)
 
     def list(self) -> list[str]:
         """Ids of the sandboxes in this state root."""

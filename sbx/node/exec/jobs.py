@@ -278,9 +278,6 @@ class ExecMixin(ChannelMixin):
         login = login_for(self._image_of(rec), user)
         uid, gid, home = login.uid, login.gid, login.home
         envs = _login_env(login, self._exec_env(rec, env))
-        if tty and self.runtime.gvisor(id):
-            raise NodeError("not_supported", "a terminal is not supported for sandboxes of the gvisor runtime class "
-                                             "(runsc exec has no --tty): use ssh, or run commands without one")
         if tty:
             import pty
 

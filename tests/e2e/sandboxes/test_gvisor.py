@@ -111,6 +111,28 @@ def test_stop_keeps_memory_and_resume_restores_it(server: Any, gsid: str) -> Non
     assert _ok(server.sbx("exec", gsid, "ip -4 addr show eth0")).count("inet ") == 1
 
 
+def test_network_a_hosted_port_and_a_terminal(server: Any, gsid: str) -> None:
+    """The sandbox's veth, pins and egress rules are the container class's: the node's proxy reaches a server in it
+    on its address; its resolver is the node's; ``sbx ssh`` gives a terminal."""
+    import urllib.request
+
+    assert "nameserver" in _ok(server.sbx("exec", gsid, "cat /etc/resolv.conf"))
+    _ok(server.sbx("exec", gsid, "mkdir -p ~/site && echo hello-gvisor > ~/site/index.html && cd ~/site && "
+                                 "(nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && "
+                                 "for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; "
+                                 "sleep 0.2; done; exit 1"))
+    route = json.loads(_ok(server.sbx("host", gsid, "8000", "--json")))["route"]
+    req = urllib.request.Request(f"http://127.0.0.1:{server.proxy_port}/index.html",
+                                 headers={"Host": route["host"], "X-Sbx-Token": route["token"]})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        assert resp.read() == b"hello-gvisor\n"
+    # a terminal (runsc exec with a process file: the command sees a tty on its stdin, no controlling terminal)
+    r = server.sbx("ssh", gsid, "--", "test -t 0 && echo on-a-tty; whoami; exit 7")
+    assert r.returncode == 7 and r.stdout.split() == ["on-a-tty", "user"], r
+    r = server.sbx("ssh", gsid, "--user", "root", "--", "grep CapEff /proc/self/status")
+    assert r.returncode == 0 and "0000000000000000" not in r.stdout, r
+
+
 def test_what_gvisor_cannot_do_answers_409(server: Any, gsid: str) -> None:
     r = server.sbx("fork", gsid, "--memory", "--json")
     assert r.returncode != 0 and "not_supported" in r.stdout + r.stderr and "gvisor" in r.stdout + r.stderr

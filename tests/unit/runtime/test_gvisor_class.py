@@ -94,8 +94,10 @@ def test_runsc_exec_has_no_terminal_and_names_the_user(tmp_path: Path) -> None:
     argv = runsc.exec_command("sb_g", ["id"], uid=1000, gid=1000, cwd="/home/user", env=["A=b"])
     assert argv[-2:] == ["sb_g", "id"]
     assert argv[argv.index("--user") + 1] == "1000:1000" and argv[argv.index("--env") + 1] == "A=b"
-    with pytest.raises(RuntimeError_):
-        runsc.exec_command("sb_g", ["sh"], uid=0, gid=0, cwd="/", env=[], extra=("--tty",))
+    tty = runsc.exec_command("sb_g", ["sh"], uid=1000, gid=1000, cwd="/home/user", env=["A=b"], extra=("--tty",))
+    assert tty[-3] == "--process" and tty[-1] == "sb_g" and "--tty" not in tty
+    assert json.loads(Path(tty[-2]).read_text()) == {"terminal": True, "user": {"uid": 1000, "gid": 1000},
+                                                     "args": ["sh"], "env": ["A=b"], "cwd": "/home/user"}
     with pytest.raises(RuntimeError_):
         runsc.checkpoint("sb_g", tmp_path / "img", tmp_path / "work", page_server="10.0.0.1:1234")
     assert netns_name("sb_g") == "sbx-sb_g"
