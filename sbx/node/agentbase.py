@@ -132,7 +132,8 @@ class NodeBase:
         network.ensure_bridge(self.settings.bridge, self.settings.subnet, self.settings.node_name, policy,
                               proxy_port=self.settings.egress_proxy_port,
                               max_connections=self.settings.sandbox_max_connections,
-                              connection_rate=self.settings.sandbox_connection_rate)
+                              connection_rate=self.settings.sandbox_connection_rate,
+                              dns_rate=self.settings.sandbox_dns_rate, dns_burst=self.settings.sandbox_dns_burst)
         say("dns resolver")  # on the gateway, which the bridge holds from here on
         self._resolver = resolver.ensure_resolver(str(network.gateway_of(self.settings.subnet).ip), 53, upstreams,
                                                   self.settings.sandbox_dns_rate, self.settings.sandbox_dns_burst)

@@ -12,8 +12,9 @@ addresses on port 53, which the node redirects to that same resolver, never anyw
 - DNS keeps working across a stop and resume with memory, in a process that lived through it;
 - a server killed with ``-9`` leaves nothing half-configured: the port is free, the rules whole, and the restarted
   server resolves again;
-- the issue's test: a flood of 10,000 queries from one sandbox is held to its bucket (at most burst + rate x time
-  answered, and no more reach the upstream) while a neighbour's queries are all answered, and 100,000 connection
+- the issue's test: a flood of 10,000 queries sent as fast as one sandbox can is held to its bucket (at most
+  burst + rate x time answered, no more reach the upstream, most dropped by the kernel's guard before the resolver's
+  socket) while a neighbour's queries are all answered, and 100,000 connection
   attempts from one sandbox leave at most 500 of its connections in the host's conntrack table while the neighbour's
   DNS and connections keep working.
 
@@ -206,7 +207,7 @@ def test_dns_survives_a_stop_and_resume_with_memory(server: Server) -> None:
     server.sbx("delete", sid, "--wait", check=True)
 
 
-# Sends argv[2] DNS queries for distinct names to argv[1] from one socket, ~3,300 a second, reading answers as they
+# Sends argv[2] DNS queries for distinct names to argv[1] from one socket as fast as it can, reading answers as they
 # come and for 1.5 s after; prints {"sent", "answered", "seconds"} (seconds: first send to last read).
 DNS_FLOOD = r'''
 import json, socket, struct, sys, time
@@ -230,8 +231,7 @@ for i in range(count):
             s.sendto(query(f"f{i}.flood.test", i & 0xFFFF), (gw, 53)); break
         except BlockingIOError:
             time.sleep(0.001)
-    if i % 33 == 0:
-        time.sleep(0.01)
+    if i % 100 == 0:
         drain()
 end = time.monotonic() + 1.5
 while time.monotonic() < end:
@@ -327,8 +327,8 @@ def _counter(server: Server, name: str) -> int:
 
 def test_floods_are_held_to_their_limits_while_a_neighbour_keeps_working(server: Server,
                                                                         upstream: FakeNameserver) -> None:
-    """The issue's test line. DNS: 10,000 queries from sandbox A in ~3 s get at most burst + rate x time answers,
-    and no more reach the upstream, while every query of neighbour B in that time is answered. Connections:
+    """The issue's test line. DNS: 10,000 queries from sandbox A as fast as it sends get at most burst + rate x time
+    answers, and no more reach the upstream, while every query of neighbour B in that time is answered. Connections:
     100,000 TCP connection attempts from A to the gateway leave at most ``MAX_CONNECTIONS`` of A's connections open
     in the host's conntrack table (the rest refused with a reset; the ended ones bounded by the new-connection rate),
     while B's DNS and a new TCP connection of B work."""
@@ -337,21 +337,25 @@ def test_floods_are_held_to_their_limits_while_a_neighbour_keeps_working(server:
 
     result: dict[str, Any] = {}
 
-    def flood() -> None:
-        result["dns"] = _python(server, a, DNS_FLOOD, gw, "10000", timeout=120)
+    def probe() -> None:
+        result["neighbour"] = _python(server, b, DNS_PROBE, gw, "4", timeout=120)
 
-    t = threading.Thread(target=flood)
+    t = threading.Thread(target=probe)
     t.start()
-    time.sleep(0.8)  # the flood is under way (its exec and python start take ~0.3 s)
-    neighbour = _python(server, b, DNS_PROBE, gw, "2", timeout=120)
+    time.sleep(1.0)  # the neighbour's queries are under way (its exec and python start take ~0.3 s)
+    dropped_before = _counter(server, "dns_dropped")
+    dns = _python(server, a, DNS_FLOOD, gw, "10000", timeout=120)
     t.join(timeout=180)
-    dns = result["dns"]
-    print(f"dns flood: {dns}, upstream asked {upstream.asked('.flood.test.')}, neighbour {neighbour}")  # the report
+    neighbour = result["neighbour"]
+    kernel_dropped = _counter(server, "dns_dropped") - dropped_before
+    print(f"dns flood: {dns}, dropped by the kernel's guard {kernel_dropped}, upstream asked "
+          f"{upstream.asked('.flood.test.')}, neighbour {neighbour}")  # for the report
     assert dns["sent"] == 10000
     bound = BURST + RATE * dns["seconds"] + 2
     assert BURST <= dns["answered"] <= bound, dns
     assert upstream.asked(".flood.test.") <= bound, (upstream.asked(".flood.test."), dns)
-    assert neighbour["answered"] == neighbour["asked"] >= 10, neighbour
+    assert neighbour["answered"] == neighbour["asked"] >= 20, neighbour
+    assert kernel_dropped >= 10000 - (2 * BURST + 4 * RATE * dns["seconds"]) - 10, kernel_dropped
     assert "is over its limit" in server.log.read_text()
 
     limited_before = _counter(server, "conn_limited")

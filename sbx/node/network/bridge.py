@@ -102,13 +102,16 @@ def allocate(subnet: str, taken: set[str]) -> str:
 
 
 def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy | None = None,
-                  proxy_port: int = 0, max_connections: int = 0, connection_rate: int = 0) -> None:
+                  proxy_port: int = 0, max_connections: int = 0, connection_rate: int = 0, dns_rate: float = 0,
+                  dns_burst: int = 0) -> None:
     """Create (idempotently) the bridge with the gateway address and its fixed MAC (:func:`bridge_mac`), enable IPv4
     forwarding, set strict ``rp_filter`` on the bridge, (re)load this node's ``inet`` table with ``egress``
     (default: :class:`EgressPolicy`'s fixed deny list, no exceptions), the egress proxy's redirect to
     ``proxy_port`` (0: none; the ``egress_proxied`` set starts empty, see :func:`set_proxied`), the DNS redirect to
     the node's resolver and the per-sandbox limits of ``max_connections`` open conntrack entries and
-    ``connection_rate`` new connections per second (0: none; :func:`sbx.node.network.ruleset.inet_ruleset`), and
+    ``connection_rate`` new connections per second (0: none; :func:`sbx.node.network.ruleset.inet_ruleset`), the
+    kernel's guard in front of the resolver (from the resolver's ``dns_rate`` queries per second and ``dns_burst``;
+    0: none), and
     load its ``bridge`` pinning table, keeping the pins of running sandboxes. The ``inet`` table is replaced in one
     transaction: a node killed half-way leaves the old one.
     Raises :class:`sbx.node.network.nft.NftError` if nft rejects the ruleset,
@@ -129,7 +132,8 @@ def ensure_bridge(bridge: str, subnet: str, node_name: str, egress: EgressPolicy
     _rp_filter(bridge)
     table = ruleset.table_name(node_name)
     _nft(ruleset.inet_ruleset(table, bridge, subnet, egress or EgressPolicy(), proxy_port,
-                              max_connections=max_connections, connection_rate=connection_rate))
+                              max_connections=max_connections, connection_rate=connection_rate,
+                              dns_rate=dns_rate, dns_burst=dns_burst))
     pins = ruleset.bridge_ruleset(table, ruleset.node_group(node_name))
     try:
         _nft(pins)

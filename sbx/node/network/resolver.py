@@ -59,6 +59,9 @@ TCP_IDLE = 10.0
 TCP_PER_SOURCE = 16
 #: Queries being forwarded at once for all sandboxes together; more are dropped (the node's own bound).
 MAX_IN_FLIGHT = 2048
+#: Receive buffer of the resolver's UDP socket (bytes; set past ``net.core.rmem_max`` as root).
+RECEIVE_BUFFER = 8 << 20
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 #: Seconds between two log lines about one source's dropped queries.
 DROP_LOG_EVERY = 10.0
 
@@ -240,6 +243,10 @@ class Resolver:
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
+            try:  # room for a burst of queries from every sandbox (the kernel's guard drops floods before it)
+                udp.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
+            except OSError:
+                udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
             udp.bind((self.address, self.port))
             tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             tcp.bind((self.address, self.port))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 
 from sbx.node.network.egress import EgressPolicy
 
@@ -69,6 +70,19 @@ def _dns_rules(bridge: str) -> str:
   }}"""
 
 
+def _dns_guard(bridge: str, gateway: str, dns_rate: float, dns_burst: int) -> str:
+    """A coarse per-source guard in front of the resolver's socket: UDP queries to the gateway's port 53 beyond four
+    times ``dns_rate`` per second (bursts of twice ``dns_burst``) from one address are dropped by the kernel (set
+    ``dns_guard``, counter ``dns_dropped``), so one sandbox's flood can't fill the socket's receive queue and crowd
+    out its neighbours' queries before the resolver's own per-source limit (the exact one) sees them. Empty when
+    ``dns_rate`` is 0."""
+    if not dns_rate:
+        return ""
+    rate, burst = max(1, math.ceil(4 * dns_rate)), max(1, 2 * dns_burst)
+    return (f'iifname "{bridge}" ip daddr {gateway} udp dport 53 add @dns_guard {{ ip saddr limit rate over '
+            f"{rate}/second burst {burst} packets }} counter name dns_dropped drop")
+
+
 def gateway_address(subnet: str) -> str:
     """The bridge's own address in ``subnet`` (its first host, ``10.88.0.1``), where the resolver listens."""
     net = ipaddress.IPv4Network(subnet)
@@ -118,12 +132,15 @@ def _limit_rules(bridge: str, max_connections: int, connection_rate: int) -> str
 
 
 def inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, proxy_port: int = 0,
-                 proxied: list[str] | None = None, max_connections: int = 0, connection_rate: int = 0) -> str:
+                 proxied: list[str] | None = None, max_connections: int = 0, connection_rate: int = 0,
+                 dns_rate: float = 0, dns_burst: int = 0) -> str:
     """The node's ``inet`` table: sandbox isolation (``forward``: no sandbox to sandbox, egress policy; ``input``:
     from the bridge only replies, DNS to the node's resolver on the gateway, the redirected egress-proxy connections
     and TCP resets), the DNS redirect (:func:`_dns_rules`), the per-sandbox connection limits ``max_connections``
     (open conntrack entries per source address) and ``connection_rate`` (new ones per second; 0: no limit;
-    :func:`_limit_rules`, applied to what a sandbox starts through the host and towards it) and masquerading. A
+    :func:`_limit_rules`, applied to what a sandbox starts through the host and towards it), the kernel's guard in
+    front of the resolver from ``dns_rate`` and ``dns_burst`` (the resolver's per-sandbox limit; 0: none;
+    :func:`_dns_guard`) and masquerading. A
     reset from a sandbox is let in even when conntrack doesn't call it ``established`` (counter ``rst_untracked``):
     the resets that ``ss -K`` sends at a live migration's freeze must reach peers on the node
     (:func:`sbx.node.migration.outgoing.reset_connections`). It can only end a connection of the sandbox's own
@@ -135,6 +152,7 @@ def inet_ruleset(table: str, bridge: str, subnet: str, egress: EgressPolicy, pro
     redirect, admit = _redirect_rules(bridge, proxy_port)
     gateway = gateway_address(subnet)
     limit = _limit_rules(bridge, max_connections, connection_rate)
+    guard = _dns_guard(bridge, gateway, dns_rate, dns_burst)
     return f"""
 table inet {table}
 delete table inet {table}
@@ -145,10 +163,12 @@ table inet {table} {{
   set egress_proxied {{ type ipv4_addr; {_set_elements(list(proxied or []))} }}
   set dns_upstreams {{ type ipv4_addr; {_set_elements(list(egress.nameservers))} }}
   set conn_limit {{ type ipv4_addr; size 65536; flags dynamic; }}
-  set conn_rate {{ type ipv4_addr; size 65536; flags dynamic,timeout; timeout 60s; }}{redirect}{_dns_rules(bridge)}
+  set conn_rate {{ type ipv4_addr; size 65536; flags dynamic,timeout; timeout 60s; }}
+  set dns_guard {{ type ipv4_addr; size 65536; flags dynamic,timeout; timeout 60s; }}{redirect}{_dns_rules(bridge)}
   counter rst_untracked {{ }}
   counter dns_redirected {{ }}
   counter conn_limited {{ }}
+  counter dns_dropped {{ }}
   chain conn_refuse {{
     meta l4proto tcp reject with tcp reset
     reject
@@ -166,6 +186,7 @@ table inet {table} {{
   }}
   chain input {{
     type filter hook input priority 0; policy accept;
+    {guard}
     iifname "{bridge}" ct state established,related accept
     iifname "{bridge}" tcp flags & rst == rst counter name rst_untracked accept
     {limit}

@@ -113,6 +113,11 @@ def test_ruleset_redirects_dns_and_caps_connections() -> None:
     assert text.count(rate) == 2 and text.index(rate) < text.index(limit)  # a refused churn is never counted
     none = ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol)
     assert "ct count" not in none and "limit rate" not in none
+    guarded = ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, dns_rate=2.5, dns_burst=20)
+    guard = ('iifname "sbxu0" ip daddr 10.77.0.1 udp dport 53 add @dns_guard { ip saddr limit rate over '
+             "10/second burst 40 packets } counter name dns_dropped drop")
+    input_chain = guarded.split("chain input")[1]
+    assert guard in input_chain and input_chain.index(guard) < input_chain.index("established,related accept")
     for bad in ({"max_connections": -1}, {"connection_rate": -5}):
         with pytest.raises(ruleset.ConnectionLimitError) as e:
             ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, **bad)

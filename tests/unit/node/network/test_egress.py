@@ -80,7 +80,7 @@ def test_rulesets_pass_nft_check() -> None:
     pol = egress.EgressPolicy(allow=("172.31.0.0/16",), services=(("10.20.30.40", "tcp", 80),),
                               nameservers=("10.255.255.53",))
     r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", pol, proxy_port=7443,
-                                        max_connections=4096, connection_rate=200))
+                                        max_connections=4096, connection_rate=200, dns_rate=50, dns_burst=200))
     assert r.returncode == 0, r.stderr.decode()
     r = _nft_check(ruleset.inet_ruleset("sbx_unit", "sbxunit0", "10.77.0.0/16", egress.EgressPolicy()))
     assert r.returncode == 0, r.stderr.decode()
