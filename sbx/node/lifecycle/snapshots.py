@@ -27,7 +27,11 @@ class SnapshotMixin(NodeBase):
 
     def fork(self, source_id: str, spec: SandboxSpec, memory: bool = False) -> None:
         """See :meth:`sbx.node.types.NodeAgent.fork`; ``memory`` forks with memory
-        (:meth:`sbx.node.memory.memcopy.MemoryCopyMixin.fork_memory`)."""
+        (:meth:`sbx.node.memory.memcopy.MemoryCopyMixin.fork_memory`); not for a gvisor source (``not_supported``:
+        runsc can't restore one memory image into a second sandbox here)."""
+        if memory and self.runtime.gvisor(source_id):
+            raise NodeError("not_supported", f"sandbox {source_id} is of the gvisor runtime class, which can't fork "
+                                             "with memory; fork without memory (its disk) instead")
         if memory:
             self.fork_memory(source_id, spec)
             return
@@ -49,8 +53,11 @@ class SnapshotMixin(NodeBase):
         does). The source is not otherwise touched.
 
         Raises ``NodeError``: ``not_found``, ``not_running`` (``memory`` and the source does not run),
-        ``fork_failed``; nothing of the fork is left then."""
+        ``fork_failed``, ``not_supported`` (``memory`` of a gvisor source); nothing of the fork is left then."""
         self._record(source_id)  # raises not_found for an unknown source
+        if memory and self.runtime.gvisor(source_id):
+            raise NodeError("not_supported", f"sandbox {source_id} is of the gvisor runtime class, which can't fork "
+                                             "with memory; fork without memory (its disk) instead")
         st = Steps("fork-stopped", spec.id)
         with self._lock(spec.id):
             self._new_record(spec, forkedFrom=source_id, freshIdentity=True)

@@ -119,6 +119,8 @@ class MigrationMixin(IncomingMixin):
         message names the step: ``pre-copy``, ``freeze``, ``dump``, ``send``, ``restore``, ``confirm``),
         ``migration_unconfirmed`` (the destination can't be asked whether it took over: the sandbox stays paused
         here, never running on two nodes)."""
+        if self.runtime.gvisor(id):  # runsc has no page server, and its image is not moved between hosts here
+            raise NodeError("not_supported", f"sandbox {id} is of the gvisor runtime class, which can't live-migrate")
         with self._lock(id):
             self._require_running(id)
             work = self._dir(id) / "migrate-out"

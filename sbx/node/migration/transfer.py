@@ -284,7 +284,7 @@ class TransferMixin(NodeBase):
             size = self.settings.size(str(man["size"]))
             fresh = {"freshIdentity": True} if man.get("freshIdentity") else {}  # a fork made to move
             self._new_record(SandboxSpec(id=id, hostname=spec["hostname"], size=size, env=dict(spec.get("env", {})),
-                                         image=spec.get("image")),
+                                         image=spec.get("image"), runtime=spec.get("runtime") or "container"),
                              movedFrom=man.get("from"), **fresh)
             try:
                 parent = self.image if man.get("parent") else None
@@ -303,8 +303,9 @@ class TransferMixin(NodeBase):
                             (mem / name[len("memory/"):]).chmod(int(meta["mode"]))
                     os.chown(mem, 0, base)
                     mem.chmod(0o750 if base else 0o700)
-                    try:
-                        criuimages.retarget(mem, old_base=int(man["uidBase"]), new_base=base, hostname=None)
+                    try:  # (a gvisor sandbox's runsc image holds no host uid: nothing to retarget)
+                        if (spec.get("runtime") or "container") == "container":
+                            criuimages.retarget(mem, old_base=int(man["uidBase"]), new_base=base, hostname=None)
                     except RuntimeError_ as e:
                         raise NodeError("transfer_failed", f"retargeting the memory image: {e.detail}") from e
                 self._set_phase(id, "checkpointed" if man["memory"] else "stopped", diskGen=int(man["diskGen"]),

@@ -243,3 +243,18 @@ def test_the_sandbox_is_held_to_its_sizes_memory(server: Any) -> None:
         assert _ok(server.sbx("exec", sid, "cat ~/on-disk")).strip() == "kept"
     finally:
         server.sbx("delete", sid, "--wait")
+
+
+def test_resize_on_resume_boots_at_the_new_size(server: Any) -> None:
+    sid = json.loads(_ok(server.sbx("new", "--runtime", "gvisor", "--ttl", "0", "--json")))["sandbox"]["id"]
+    try:
+        _ok(server.sbx("exec", sid, "echo kept > ~/f"))
+        _ok(server.sbx("stop", sid, "--wait"))
+        _ok(server.sbx("resume", sid, "--type", "default", "--wait"))
+        info = _info(server, sid)
+        assert (info["type"], info["runtime"], info["resumeReason"]) == ("default", "gvisor", "resized"), info
+        memcg = Path("/sys/fs/cgroup/memory/sbx") / server.env["SBX_NODE_NAME"] / sid
+        assert int((memcg / "memory.limit_in_bytes").read_text()) == int(info["memoryGB"] * 1024) << 20
+        assert _ok(server.sbx("exec", sid, "cat ~/f")).strip() == "kept"
+    finally:
+        server.sbx("delete", sid, "--wait")
