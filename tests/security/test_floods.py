@@ -2,10 +2,10 @@
 
 One server with small limits (``SBX_SANDBOX_DNS_RATE=20``, ``SBX_SANDBOX_DNS_BURST=50``,
 ``SBX_SANDBOX_MAX_CONNECTIONS=500``, ``SBX_SANDBOX_CONNECTION_RATE=200``) whose resolver forwards to a fake
-nameserver on the host's loopback (this process: :class:`FakeNameserver`, which answers every A query with 192.0.2.1
-and records the names), so what reaches "upstream" is counted and no real nameserver is flooded. Sandboxes send
-traffic only to their node's bridge gateway (the resolver's port 53), or to the host's nameservers and denied
-addresses on port 53, which the node redirects to that same resolver, never anywhere else.
+nameserver on the host's loopback (this process: :class:`tests.dnsfake.FakeNameserver`, which answers every A query
+with 192.0.2.1 and records the names), so what reaches "upstream" is counted and no real nameserver is flooded.
+Sandboxes send traffic only to their node's bridge gateway (the resolver's port 53), or to the host's nameservers and
+denied addresses on port 53, which the node redirects to that same resolver, never anywhere else.
 
 - a sandbox's DNS goes to the node's resolver only: its ``resolv.conf`` names the gateway, and queries it addresses
   to the host's own nameservers (or any denied address), over UDP or TCP, are answered by the node's resolver;
@@ -34,10 +34,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dnslib import QTYPE, RR, A, DNSRecord
 
 from sbx.node.network import bridge as network
 from sbx.node.network import egress, ruleset
+from tests.dnsfake import FAKE_ANSWER, RESOLVE_LOOP, FakeNameserver
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.helpers import poll
 from tests.security.conftest import info, new_sandbox, root
@@ -45,42 +45,13 @@ from tests.security.conftest import info, new_sandbox, root
 pytestmark = pytest.mark.e2e
 
 RATE, BURST, MAX_CONNECTIONS, RATE_CONN = 20, 50, 500, 200
-FAKE_ANSWER = "192.0.2.1"
-
-
-class FakeNameserver:
-    """A UDP nameserver on ``127.0.0.1`` (port chosen by the kernel) answering every query with an A record of
-    :data:`FAKE_ANSWER`; ``names`` holds every name it was asked, in order."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.names: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                data, addr = self.sock.recvfrom(4096)
-            except OSError:
-                return
-            q = DNSRecord.parse(data)
-            self.names.append(str(q.q.qname))
-            r = q.reply()
-            r.add_answer(RR(q.q.qname, QTYPE.A, rdata=A(FAKE_ANSWER), ttl=5))
-            self.sock.sendto(bytes(r.pack()), addr)
-
-    def asked(self, suffix: str) -> int:
-        """How many names ending in ``suffix`` it was asked."""
-        return sum(1 for n in list(self.names) if n.endswith(suffix))
 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[FakeNameserver]:
     ns = FakeNameserver()
     yield ns
-    ns.sock.close()
+    ns.close()
 
 
 @pytest.fixture(scope="module")
@@ -168,25 +139,13 @@ def test_dns_goes_to_the_node_resolver_only(server: Server, upstream: FakeNamese
     server.sbx("delete", sid, "--wait", check=True)
 
 
-RESOLVE_LOOP = r'''
-import socket, time
-while True:
-    try:
-        line = "ok " + socket.gethostbyname("loop.resume.test")
-    except OSError as e:
-        line = "fail " + type(e).__name__
-    with open("/tmp/resolve.log", "a") as f:
-        f.write(f"{time.time():.3f} {line}\n")
-    time.sleep(0.2)
-'''
-
-
 def test_dns_survives_a_stop_and_resume_with_memory(server: Server) -> None:
     """A process resolving in a loop before a stop with memory resolves again after the resume (same PID): the
     resolver is the node's, stateless, on the same gateway address."""
     sid = new_sandbox(server)
     r = root(server, sid, f"cat > /tmp/loop.py <<'EOF'\n{RESOLVE_LOOP}\nEOF\n"
-                          "systemd-run --unit sbx-resolve python3 /tmp/loop.py >/dev/null 2>&1 || exit 3\n"
+                          "systemd-run --unit sbx-resolve python3 /tmp/loop.py loop.resume.test /tmp/resolve.log "
+                          ">/dev/null 2>&1 || exit 3\n"
                           "for i in $(seq 100); do grep -q ' ok ' /tmp/resolve.log && break; sleep 0.1; done\n"
                           "systemctl show -p MainPID --value sbx-resolve")
     assert r.returncode == 0, r.stdout + r.stderr

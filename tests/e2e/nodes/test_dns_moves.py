@@ -4,63 +4,25 @@ a denied address (the old gateway is one) to its own resolver, so a process that
 again at once, and so does a new lookup.
 
 Two node agents (nodes 1 and 2, each in a network namespace of its own: subnets ``*.16.0/20`` and ``*.32.0/20``)
-whose resolvers forward to a fake nameserver of this process on the host (at the host's end of node 1's link, which
-both namespaces route to), answering every A query with 192.0.2.1, so no real nameserver is asked."""
+whose resolvers forward to a fake nameserver of this process (:class:`tests.dnsfake.FakeNameserver`) at the host's
+end of node 1's link, which both namespaces route to, answering every A query with 192.0.2.1, so no real nameserver
+is asked."""
 
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from dnslib import QTYPE, RR, A, DNSRecord
 
+from tests.dnsfake import FAKE_ANSWER, RESOLVE_LOOP, FakeNameserver
 from tests.e2e.cluster import cordon, info, node_cluster, ok
 from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
 from tests.nodenet import NodeHost, node_host
 
 pytestmark = pytest.mark.e2e
-
-FAKE_ANSWER = "192.0.2.1"
-
-LOOP = r'''
-import socket, time
-while True:
-    try:
-        line = "ok " + socket.gethostbyname("loop.moves.test")
-    except OSError as e:
-        line = "fail " + type(e).__name__
-    with open("/root/resolve.log", "a") as f:
-        f.write(f"{time.time():.3f} {line}\n")
-    time.sleep(0.2)
-'''
-
-
-def _fake_nameserver(address: str, port: int) -> socket.socket:
-    """A UDP nameserver on ``address:port`` answering every query with :data:`FAKE_ANSWER`, served from a daemon
-    thread until the socket is closed. Bound to one address, so its answers come from the address asked (a
-    resolver's connected socket takes no other). Sandboxes can't reach it (the node's input chain), the node
-    agents' resolvers can."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((address, port))
-
-    def serve() -> None:
-        while True:
-            try:
-                data, peer = sock.recvfrom(4096)
-            except OSError:
-                return
-            q = DNSRecord.parse(data)
-            r = q.reply()
-            r.add_answer(RR(q.q.qname, QTYPE.A, rdata=A(FAKE_ANSWER), ttl=5))
-            sock.sendto(bytes(r.pack()), peer)
-
-    threading.Thread(target=serve, daemon=True).start()
-    return sock
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[NodeHost]]]:
@@ -71,7 +33,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     address = node_host(1, tmp).host_ip  # the host's end of node 1's link: both namespaces route to it
     with node_cluster(tmp, [1, 2], "dnsmsrv", "sbxdnsm", "10.75.0.0/16",
                       node_env={"SBX_DNS_UPSTREAMS": f"{address}:{port}"}) as c:
-        ns = _fake_nameserver(address, port)
+        ns = FakeNameserver(address, port)  # bound to that address: its answers come from the address asked
         try:
             yield c
         finally:
@@ -88,8 +50,8 @@ def test_a_process_resolves_through_a_live_migration_to_another_subnet(cluster: 
     resolv = ok(srv, "exec", sid, "-u", "root", "cat /etc/resolv.conf")
     gw1 = n1.subnet.split("/")[0].rsplit(".", 1)[0] + ".1"
     assert f"nameserver {gw1}" in resolv, resolv
-    ok(srv, "exec", sid, "-u", "root", f"cat > /root/loop.py <<'EOF'\n{LOOP}\nEOF")
-    ok(srv, "exec", sid, "-u", "root", "--detach", "python3 /root/loop.py")
+    ok(srv, "exec", sid, "-u", "root", f"cat > /root/loop.py <<'EOF'\n{RESOLVE_LOOP}\nEOF")
+    ok(srv, "exec", sid, "-u", "root", "--detach", "python3 /root/loop.py loop.moves.test /root/resolve.log")
     poll(lambda: f"ok {FAKE_ANSWER}" in ok(srv, "exec", sid, "-u", "root", "cat /root/resolve.log 2>/dev/null || true"),
          "a lookup on the first node", 60)
     pid = ok(srv, "exec", sid, "-u", "root", "pgrep -o -f '[l]oop.py'").strip()

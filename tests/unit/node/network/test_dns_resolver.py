@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dnslib import QTYPE, RCODE, RR, A, DNSRecord
+from dnslib import RCODE, A, DNSRecord
 
 from sbx.config import load_settings
 from sbx.node.network import egress, resolver, ruleset
+from tests.dnsfake import FakeNameserver, recv_exactly
 
 # ----------------------------------------------------------------------------------------------- pure parts
 
@@ -118,74 +118,15 @@ def test_ruleset_redirects_dns_and_caps_connections() -> None:
              "10/second burst 40 packets } counter name dns_dropped drop")
     input_chain = guarded.split("chain input")[1]
     assert guard in input_chain and input_chain.index(guard) < input_chain.index("established,related accept")
-    for bad in ({"max_connections": -1}, {"connection_rate": -5}):
+    for most, per_second in ((-1, 0), (0, -5)):
         with pytest.raises(ruleset.ConnectionLimitError) as e:
-            ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, **bad)
+            ruleset.inet_ruleset("sbx_u", "sbxu0", "10.77.0.0/16", pol, max_connections=most,
+                                 connection_rate=per_second)
         assert e.value.code == "invalid_connection_limit" and "sandbox_" in e.value.message
     assert ruleset.gateway_address("10.77.0.0/16") == "10.77.0.1"
 
 
 # ----------------------------------------------------------------------------------------------- the resolver
-
-
-class FakeUpstream:
-    """A nameserver on ``127.0.0.1`` (UDP and TCP, one port) that answers every A query with 192.0.2.1 and counts
-    the queries; names starting with ``big`` get a truncated UDP answer (``TC``) and a full one over TCP."""
-
-    def __init__(self) -> None:
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", 0))
-        self.port = self.udp.getsockname()[1]
-        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.tcp.bind(("127.0.0.1", self.port))
-        self.tcp.listen(16)
-        self.queries = 0
-        threading.Thread(target=self._udp, daemon=True).start()
-        threading.Thread(target=self._tcp, daemon=True).start()
-
-    def _answer(self, data: bytes, tcp: bool) -> bytes:
-        self.queries += 1
-        q = DNSRecord.parse(data)
-        r = q.reply()
-        if str(q.q.qname).startswith("big") and not tcp:
-            r.header.tc = 1
-        else:
-            r.add_answer(RR(q.q.qname, QTYPE.A, rdata=A("192.0.2.1"), ttl=60))
-        return bytes(r.pack())
-
-    def _udp(self) -> None:
-        while True:
-            try:
-                data, addr = self.udp.recvfrom(4096)
-            except OSError:
-                return
-            self.udp.sendto(self._answer(data, tcp=False), addr)
-
-    def _tcp(self) -> None:
-        while True:
-            try:
-                conn, _ = self.tcp.accept()
-            except OSError:
-                return
-            with conn:
-                n = struct.unpack("!H", _recv(conn, 2))[0]
-                reply = self._answer(_recv(conn, n), tcp=True)
-                conn.sendall(struct.pack("!H", len(reply)) + reply)
-
-    def close(self) -> None:
-        self.udp.close()
-        self.tcp.close()
-
-
-def _recv(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise OSError("closed")
-        data += chunk
-    return data
 
 
 def _free_port() -> int:
@@ -195,8 +136,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
+def upstream() -> Iterator[FakeNameserver]:
+    up = FakeNameserver(tcp=True)
     yield up
     up.close()
 
@@ -218,11 +159,11 @@ def _ask_tcp(port: int, name: str) -> DNSRecord:
     q = bytes(DNSRecord.question(name, "A").pack())
     with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
         c.sendall(struct.pack("!H", len(q)) + q)
-        n = struct.unpack("!H", _recv(c, 2))[0]
-        return DNSRecord.parse(_recv(c, n))
+        n = struct.unpack("!H", recv_exactly(c, 2))[0]
+        return DNSRecord.parse(recv_exactly(c, n))
 
 
-def test_resolver_forwards_and_keeps_the_query_id(upstream: FakeUpstream) -> None:
+def test_resolver_forwards_and_keeps_the_query_id(upstream: FakeNameserver) -> None:
     port = _free_port()
     r = resolver.Resolver("127.0.0.1", port, upstreams=(("127.0.0.1", upstream.port),), rate=100, burst=100)
     r.start()
@@ -240,7 +181,7 @@ def test_resolver_forwards_and_keeps_the_query_id(upstream: FakeUpstream) -> Non
     assert not r.running
 
 
-def test_one_source_over_its_limit_is_held_while_another_is_answered(upstream: FakeUpstream) -> None:
+def test_one_source_over_its_limit_is_held_while_another_is_answered(upstream: FakeNameserver) -> None:
     port = _free_port()
     r = resolver.Resolver("127.0.0.1", port, upstreams=(("127.0.0.1", upstream.port),), rate=5, burst=10)
     r.start()
@@ -271,7 +212,7 @@ def test_one_source_over_its_limit_is_held_while_another_is_answered(upstream: F
         r.close()
 
 
-def test_dead_upstream_gives_servfail_and_a_second_one_is_tried(upstream: FakeUpstream) -> None:
+def test_dead_upstream_gives_servfail_and_a_second_one_is_tried(upstream: FakeNameserver) -> None:
     port, dead = _free_port(), _free_port()
     r = resolver.Resolver("127.0.0.1", port, upstreams=(("127.0.0.1", dead),), rate=100, burst=100)
     r.start()
