@@ -238,8 +238,8 @@ class Resolver:
     # ------------------------------------------------------------------ start and stop
 
     def start(self) -> None:
-        """Bind UDP and TCP ``address:port`` and serve from a daemon thread. Raises ``OSError`` when a socket can't
-        be bound (the address is not on this host yet, or another process holds the port)."""
+        """Bind UDP and TCP ``address:port`` and serve from a daemon thread. Raises ``OSError`` naming the address
+        when a socket can't be bound (the address is not on this host yet, or another process holds the port)."""
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -251,10 +251,12 @@ class Resolver:
             tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             tcp.bind((self.address, self.port))
             tcp.listen(256)
-        except OSError:
+        except OSError as e:
             udp.close()
             tcp.close()
-            raise
+            raise OSError(e.errno, f"the sandboxes' DNS resolver can't listen on {self.address}:{self.port}: "
+                                   f"{e.strerror} (does another DNS server hold port {self.port} on every address "
+                                   "of this host?)") from e
         udp.setblocking(False)
         tcp.setblocking(False)
         loop = asyncio.new_event_loop()
