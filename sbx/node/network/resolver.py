@@ -217,8 +217,8 @@ class Resolver:
     """The forwarding resolver on ``address``:``port`` (UDP and TCP), with per-source limits (module docstring).
 
     ``upstreams``: fixed ``(address, port)`` pairs, or empty for the host's ``/etc/resolv.conf`` (read again when it
-    changes). ``rate`` / ``burst``: each source address's query limit (:class:`TokenBuckets`; validated by
-    :func:`check_limits`)."""
+    changes). ``rate`` / ``burst``: each source address's query limit in queries per second and queries at once
+    (:class:`TokenBuckets`); bad ones raise :class:`ResolverConfigError` (:func:`check_limits`)."""
 
     def __init__(self, address: str, port: int = 53, upstreams: tuple[tuple[str, int], ...] = (),
                  rate: float = 50.0, burst: int = 200, resolv: Path = Path("/etc/resolv.conf")):
@@ -298,6 +298,7 @@ class Resolver:
 
     @property
     def running(self) -> bool:
+        """Whether it serves (started, not closed, its thread alive)."""
         return self._loop is not None and self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ what it answers
