@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx.config import Settings
-from sbx.storage import mounts
+from sbx.storage import loopdev, mounts
 from sbx.storage._proc import run
 from sbx.storage.errors import StorageError
 from sbx.storage.locks import file_lock
@@ -62,9 +62,10 @@ def ensure_volume(settings: Settings) -> Path:
     - a filesystem already mounted there is used if it supports reflink (else ``StorageError("no_reflink")``);
     - otherwise ``settings.volume_backing`` is created as a sparse file of ``settings.volume_size_gib`` GiB if
       missing, formatted with ``mkfs.xfs -m reflink=1`` only if it holds no filesystem yet (an existing XFS is
-      mounted again, never re-made: that is the path after a reboot), and loop-mounted (``mount -o loop``,
-      which frees the loop device on unmount). A backing file smaller than the configured size is grown
-      (sparse ``truncate`` then ``xfs_growfs``); it never shrinks.
+      mounted again, never re-made: that is the path after a reboot), and loop-mounted through
+      :func:`sbx.storage.loopdev.attach` (its ``backing_file`` in sysfs, which a sandbox's root can read once it
+      takes its masks away, names ``/volume.xfs`` only; :func:`unmount_volume` detaches the device). A backing
+      file smaller than the configured size is grown (sparse ``truncate`` then ``xfs_growfs``); it never shrinks.
     - the folders ``images/``, ``nodes/`` and ``nodes/<node_name>/`` are created.
 
     Raises ``StorageError``: ``volume_failed`` (the backing file holds another filesystem, the mount point is
@@ -106,8 +107,13 @@ def ensure_volume(settings: Settings) -> Path:
                 if grew:
                     run(["losetup", "-c", stale[0]], code="volume_failed")
                 run(["mount", "-t", "xfs", stale[0], str(vol)], code="volume_failed")
-            else:
-                run(["mount", "-t", "xfs", "-o", "loop", str(backing), str(vol)], code="volume_failed")
+            else:  # bound by name only (loopdev): sysfs shows "/volume.xfs", not the host path
+                dev = loopdev.attach(backing)
+                try:
+                    run(["mount", "-t", "xfs", dev, str(vol)], code="volume_failed")
+                except BaseException:
+                    run(["losetup", "-d", dev], ok_codes=(0, 1))
+                    raise
             if grew:
                 run(["xfs_growfs", str(vol)], code="volume_failed")
         if not supports_reflink(vol):

@@ -1,7 +1,7 @@
 """Loop devices that name no host path (issue 33, :mod:`sbx.storage.loopdev`): a disk bound by
 :func:`sbx.storage.loopdev.attach` shows ``/<file name>`` as its backing file, is still found by its file
 (:func:`sbx.storage.mounts.loop_devices_for`, ``losetup -j``), mounts, and honours read-only; a missing file is a
-clear ``not_found``."""
+clear ``not_found``; the reflink volume is bound the same way."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sbx.config import Settings
 from sbx.storage import disk, loopdev, mounts
 from sbx.storage.errors import StorageError
 
@@ -59,3 +60,11 @@ def test_missing_file_is_not_found(tmp_path: Path) -> None:
         with pytest.raises(StorageError) as e:
             loopdev.attach(missing)
         assert e.value.code == "not_found"
+
+
+def test_the_volume_is_bound_by_name_only(vol: Path, settings: Settings) -> None:
+    """The reflink volume's loop device (made by ``ensure_volume``) shows ``/volume.xfs``, not the host path of
+    sbx's home."""
+    [dev] = mounts.loop_devices_for(settings.volume_backing)
+    text = Path(f"/sys/block/{dev.removeprefix('/dev/')}/loop/backing_file").read_text().strip()
+    assert text == "/volume.xfs" and str(settings.home) not in text
