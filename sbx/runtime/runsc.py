@@ -50,6 +50,11 @@ PLATFORM = "systrap"
 GLOBAL_FLAGS = ("--platform", PLATFORM, "--overlay2", "none", "--net-disconnect-ok")
 #: The shell line that hides ``/proc/sys/net`` behind an empty tmpfs, then runs its arguments (see module doc).
 _NET_CHECK_WORKAROUND = 'mount -t tmpfs -o size=4k,mode=0555 sbx-runsc /proc/sys/net && exec "$@"'
+#: The TCP port of the exec agent's relay in a gvisor sandbox (``sbx/guest/gvisor/sbx-relay``).
+AGENT_RELAY_PORT = 7422
+#: The relay in the sandbox (the node writes it into the disk at every start) and the file of its token.
+AGENT_RELAY = "/usr/lib/sbx/sbx-relay"
+AGENT_RELAY_TOKEN = "/etc/sbx/relay-token"
 #: The prefix of sbx's network namespaces (``/run/netns/<prefix><id>``).
 NETNS_PREFIX = "sbx-"
 NETNS_DIR = Path("/run/netns")
@@ -330,9 +335,13 @@ class RunscRuntime:
                 if isinstance(p, int) and p > 0]
         subprocess.run(self.cmd("delete", "--force", cid), capture_output=True, stdin=subprocess.DEVNULL,
                        timeout=60)
-        deadline = time.monotonic() + wait
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        while any(_alive(p) for p in pids) and time.monotonic() < t0 + wait:
             time.sleep(0.01)
+        left = [p for p in pids if _alive(p)]
+        if left or time.monotonic() - t0 > 1:
+            log.warning("%s: runsc processes %s took %.1f s to end after the delete%s", cid, pids,
+                        time.monotonic() - t0, f"; still there: {left}" if left else "")
 
     def destroy(self, cid: str) -> None:
         """:meth:`delete` and remove the network namespace and the log: nothing of ``cid`` stays."""

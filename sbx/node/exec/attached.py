@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 
 from sbx.node.agentbase import NodeBase
+from sbx.node.container import guestfs
 from sbx.node.exec import channel
 from sbx.node.types import ExecEvent, NodeError
 from sbx.runtime.base import RuntimeError_
+from sbx.runtime.runsc import AGENT_RELAY_PORT, AGENT_RELAY_TOKEN
 
 START_TIMEOUT = 10.0
 """Seconds the exec agent has to say it started a command (or could not) before the node uses ``runc exec``."""
@@ -42,7 +44,12 @@ class ChannelMixin(NodeBase):
         if sid in self._channel_quiet or self._channel_suspect.get(sid, 0.0) > time.monotonic():
             return None
         try:
-            sock = channel.connect(self.runtime.state_root / sid / "state.json")
+            if self.runtime.gvisor(sid):  # its agent's socket is in gVisor's kernel: through the relay
+                token = channel.relay_token(
+                    lambda: guestfs.read_file(self._hostroot(sid), AGENT_RELAY_TOKEN.lstrip("/"), limit=128))
+                sock = channel.connect_relay(self._lease(sid).address.split("/")[0], AGENT_RELAY_PORT, token)
+            else:
+                sock = channel.connect(self.runtime.state_root / sid / "state.json")
         except channel.Unavailable as e:
             if e.suspect:
                 self._channel_suspect[sid] = time.monotonic() + channel.SUSPECT_SECONDS
@@ -159,7 +166,12 @@ class ChannelMixin(NodeBase):
                 if stop is not None and stop():
                     return
                 wait = 0.5 if deadline is None else max(0.0, min(deadline - time.monotonic(), 0.5))
-                if sel.select(wait):
+                ready = sel.select(wait)
+                if not ready and self.runtime.gvisor(sid) and self.runtime.state(sid) != "running":
+                    # its kernel ended (the memory cgroup killed it whole): the relay's connection hangs, not closes
+                    code = 137
+                    break
+                if ready:
                     try:
                         data = sock.recv(1 << 20)
                     except BlockingIOError:

@@ -29,6 +29,7 @@ import platform
 import socket
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 AGENT_SOCKET = "run/sbx-agent/agent.sock"
@@ -135,6 +136,43 @@ def connect(state_file: Path, timeout: float = HELLO_TIMEOUT) -> socket.socket:
         raise
     finally:
         os.close(fd)
+    return sock
+
+
+def relay_token(read: Callable[[], bytes]) -> bytes:
+    """The relay token ``read()`` gives (the sandbox's ``/etc/sbx/relay-token``, read from its disk). Raises
+    :class:`Unavailable` when there is none or it is not a token."""
+    try:
+        token = read().strip()
+    except Exception as e:  # missing, unreadable, a symlink where the file should be
+        raise Unavailable(f"no relay token: {e}") from e
+    if len(token) < 16 or not token.isalnum():
+        raise Unavailable("no relay token")
+    return token
+
+
+def connect_relay(address: str, port: int, token: bytes, timeout: float = HELLO_TIMEOUT) -> socket.socket:
+    """A connected, greeted socket to the agent of a gvisor sandbox through its relay (``sbx-relay``) at
+    ``address:port``, after sending ``token`` and a newline. Raises :class:`Unavailable` as :func:`connect` does
+    (nothing listening, refused, or closed before a hello: the relay is not up or the agent's socket not yet there,
+    right after a boot: not suspect; no hello in time or a wrong one: suspect)."""
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout)
+    except OSError as e:
+        raise Unavailable(f"relay {address}:{port}: {e}") from e
+    try:
+        sock.sendall(token + b"\n")
+        try:
+            got = _recv_exact(sock, HDR.size + len(HELLO))
+        except TimeoutError as e:
+            raise Unavailable(f"no hello from the agent through the relay: {e}", suspect=True) from e
+        except OSError as e:
+            raise Unavailable(f"the relay closed the connection: {e}") from e
+        if got != frame(b"H", HELLO):
+            raise Unavailable("the agent's hello through the relay is wrong", suspect=True)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 

@@ -114,7 +114,16 @@ class ExecMixin(ChannelMixin):
                 return self._channel_stream(id, *started, timeout, stop)
         pid_file = self._bundle(id) / f"exec-{secrets.token_hex(4)}.pid"
         proc = self.runtime.exec(id, argv, uid=uid, gid=gid, cwd=cwd or login.cwd, env=envs, pid_file=pid_file)
-        return self._stream(proc, pid_file, timeout, stop)
+        events = self._stream(proc, pid_file, timeout, stop)
+        return self._gvisor_killed(id, events) if self.runtime.gvisor(id) else events
+
+    def _gvisor_killed(self, sid: str, events: Iterator[ExecEvent]) -> Iterator[ExecEvent]:
+        """``events`` of a ``runsc exec``, with exit 128 (runsc lost its sandbox) made 137 when the sandbox's kernel
+        is gone: the memory cgroup killed it whole, as it kills a program over the limit in the container class."""
+        for ev in events:
+            if ev.kind == "exit" and ev.exit_code == 128 and self.runtime.state(sid) != "running":
+                ev = ExecEvent(kind="exit", exit_code=137)
+            yield ev
 
     def _stream(self, proc: subprocess.Popen[bytes], pid_file: Path, timeout: float | None,
                 stop: Callable[[], bool] | None = None) -> Iterator[ExecEvent]:

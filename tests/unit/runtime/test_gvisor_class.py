@@ -29,7 +29,7 @@ def test_the_gvisor_config_keeps_limits_and_drops_what_runsc_does_its_own_way(tm
     cfg = gvisor_config(base, "/run/sbx/n/bundles/sb_x/disk", "/run/netns/sbx-sb_x")
     assert json.dumps(base) == before  # the container config is not changed
     assert cfg["root"] == {"path": "/run/sbx/n/bundles/sb_x/disk", "readonly": False}
-    assert cfg["process"]["args"] == list(minimal.MINIMAL_INIT_ARGS)
+    assert cfg["process"]["args"] == [minimal.MINIMAL_TINI, "-g", "--", "/bin/sh", "/usr/lib/sbx/sbx-init-gvisor"]
     assert not any(e.startswith("SYSTEMD_") for e in cfg["process"]["env"])
     linux = cfg["linux"]
     assert "uidMappings" not in linux and "gidMappings" not in linux and "seccomp" not in linux
