@@ -10,13 +10,14 @@ name. An untimed first build makes the ``sbx-debian`` base archive (once per rec
 
 from __future__ import annotations
 
+import json
 import secrets
 import tempfile
 import time
 from pathlib import Path
 
 from bench.context import TTL, Ctx, check, delete, new, since, tracked
-from bench.memfigs import wait_template
+from bench.memfigs import wait_template, wait_warm
 from bench.registry import figure
 from bench.report import Anchor, Row
 from sbx.sdk import images as I
@@ -41,11 +42,24 @@ def _wait_image_template(node_dir: Path, key: str, size: str = "small") -> None:
         time.sleep(0.5)
 
 
+def _started_from(node_dir: Path, sid: str) -> str:
+    """How the node started sandbox ``sid`` (``pool``, ``template`` or ``boot``: its record's ``startedFrom``)."""
+    try:
+        return str(json.loads((node_dir / "sandboxes" / sid / "node.json").read_text()).get("startedFrom", "?"))
+    except (OSError, ValueError):
+        return "?"
+
+
+def _count(kinds: list[str]) -> str:
+    return ", ".join(f"{k} ×{kinds.count(k)}" for k in sorted(set(kinds))) or "-"
+
+
 @figure("images", order=170)
 def fig_images(ctx: Ctx) -> list[Row]:
     """``images``: ``min(repeats, 3)`` uncached and cached builds of a small Dockerfile through the SDK, then
-    ``repeats`` creates → first ``exec("true")`` alternating between a user image and the default image, both from
-    their small memory templates (the default's may come from a warm sandbox, as a running installation's does)."""
+    ``repeats`` creates → first ``exec("true")`` alternating between a user image and the default image, once each
+    has its small memory template and warm sandboxes (a user image's pool starts with its first create from the
+    template), as a running installation has them. The notes say where each create came from."""
     names: list[str] = []
     uncached: list[float] = []
     cached: list[float] = []
@@ -68,6 +82,7 @@ def fig_images(ctx: Ctx) -> list[Row]:
         image, key = names[1], str(built["digest"]).removeprefix("sha256:")  # the first timed build's
         img_times: list[float] = []
         default_times: list[float] = []
+        origin: dict[str, list[str]] = {"default": [], "image": []}
         with tracked(ctx) as ids:
             first = new(ctx, ids, "small", "bench-images-default-first")  # the default's template, as in `create`
             delete(ctx, first.id)
@@ -78,6 +93,13 @@ def fig_images(ctx: Ctx) -> list[Row]:
             delete(ctx, sb.id)
             ids.discard(sb.id)
             _wait_image_template(ctx.srv.settings.node_dir, key)
+            if ctx.srv.settings.warm_pool > 0:  # a create from the template starts the image's warm sandboxes
+                sb = Sandbox.create(type="small", name="bench-images-second", ttl=TTL, image=image, client=ctx.sdk)
+                ids.add(sb.id)
+                delete(ctx, sb.id)
+                ids.discard(sb.id)
+                wait_warm(ctx.srv.settings.node_dir, type=f"small@{key}", count=ctx.srv.settings.warm_pool)
+                wait_warm(ctx.srv.settings.node_dir, count=ctx.srv.settings.warm_pool)
             for i in range(ctx.repeats):
                 for kind, out in (("default", default_times), ("image", img_times)):
                     t0 = time.perf_counter()
@@ -89,6 +111,7 @@ def fig_images(ctx: Ctx) -> list[Row]:
                         sb = new(ctx, ids, "small", f"bench-images-default-{i}")
                     r = sb.exec("true")
                     out.append(since(t0))
+                    origin[kind].append(_started_from(ctx.srv.settings.node_dir, sb.id))
                     check(r.exit_code == 0, f"first exec in {sb.id} exited {r.exit_code}")
                     check(kind == "default" or sb.data.get("image") == image,
                           f"{sb.id} is not of image {image}")
@@ -107,7 +130,8 @@ def fig_images(ctx: Ctx) -> list[Row]:
     return [
         Row("images", "build a small Dockerfile (FROM sbx-debian, RUN, ENV), uncached", "s", uncached),
         Row("images", "the same build again (cached: same inputs, another name)", "s", cached),
-        Row("images", "create small from a user image → first exec (template)", "s", img_times, anchor=goal,
-            note=f"{ratio:.2f}× the default image's median"),
-        Row("images", "create small, default image → first exec (same run)", "s", default_times),
+        Row("images", "create small from a user image → first exec", "s", img_times, anchor=goal,
+            note=f"{ratio:.2f}× the default's median; started from: {_count(origin['image'])}"),
+        Row("images", "create small, default image → first exec (same run)", "s", default_times,
+            note=f"started from: {_count(origin['default'])}"),
     ]

@@ -89,6 +89,7 @@ class NodeBase:
         # taken), sizes being filled; all under _pool_guard
         self._pool_ready: dict[str, list[str]] = {}
         self._pool_taken: dict[str, tuple[str, float]] = {}
+        self._pool_images: dict[str, dict[str, Any]] = {}  # facts of user images with pools, by key (warmpool)
         self._pool_filling: set[str] = set()
         self._pool_guard = threading.Lock()
         # copies a live migration left here, being deleted in the background (sbx.node.migration.outgoing), by id
@@ -383,7 +384,7 @@ class NodeBase:
 
         def _pool_claim(self, spec: SandboxSpec, use: bool) -> bool: ...
 
-        def _pool_fill_later(self, size: Size) -> None: ...
+        def _pool_fill_later(self, size: Size, image: dict[str, Any] | None = None) -> None: ...
 
         def _pool_forget(self) -> None: ...
 

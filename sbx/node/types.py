@@ -180,8 +180,9 @@ class NodeAgent(Protocol):
         ...
 
     def pool_take(self, size: str) -> str | None:
-        """Reserve a warm sandbox of size ``size`` (a size name: one already restored from its memory template,
-        :mod:`sbx.node.memory.warmpool`) and return its id, or None when there is none. A :meth:`create` whose spec has
+        """Reserve a warm sandbox of size ``size`` (a size name, or ``<size>@<image key>`` for one of a user image: one
+        already restored from its memory template, :mod:`sbx.node.memory.warmpool`) and return its id, or None when
+        there is none. A :meth:`create` whose spec has
         that id then only gives it its identity; one that never comes leaves it deleted after a minute."""
         ...
 

@@ -108,9 +108,9 @@ class LifecycleOps(ForkOps):
                 raise ControlError("insufficient_capacity", f"no node can take {what_new}: no node that answers "
                                    f"holds snapshot {from_snapshot}", 507)
         proxied = self.router.egress_nodes() if egress else None  # asked outside the lock
-        warm = (self._warm_sandbox(account_id, size, proxied)
-                if from_snapshot is None and not cold and img_row is None and runtime == RUNTIME_CLASSES[0]
-                else None)  # warm ones: default image, container class
+        warm = (self._warm_sandbox(account_id, size, proxied, img_row.key if img_row is not None else None)
+                if from_snapshot is None and not cold and runtime == RUNTIME_CLASSES[0]
+                else None)  # warm ones: the container class's (of the default image or the user image's own pool)
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what)
@@ -134,7 +134,8 @@ class LifecycleOps(ForkOps):
         self._submit(sandbox_id, work, self._fail(sandbox_id))
         return row
 
-    def _warm_sandbox(self, account_id: str, size: Size, among: set[str] | None) -> tuple[str, str] | None:
+    def _warm_sandbox(self, account_id: str, size: Size, among: set[str] | None,
+                      image_key: str | None = None) -> tuple[str, str] | None:
         """``(node, id)`` of a warm sandbox of ``size`` reserved on the node a create would be placed on now
         (:mod:`sbx.node.memory.warmpool`), or None. Asked before the lifecycle lock is taken (a remote node answers over
         the network), so the plan's check and the placement here are a first look: the create checks both again
@@ -145,7 +146,7 @@ class LifecycleOps(ForkOps):
             node = self._place(size, f"a new {size.name} sandbox", among=among, count=False)
         except ControlError:
             return None  # the create itself will say why, after the plan's check
-        sid = self.router.pool_take_on(node, size.name)
+        sid = self.router.pool_take_on(node, size.name if image_key is None else f"{size.name}@{image_key}")
         return (node, sid) if sid is not None and ID_RE.match(sid) else None
 
     def stop(

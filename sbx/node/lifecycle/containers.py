@@ -57,11 +57,11 @@ class LifecycleMixin(NodeBase):
             if not base.is_file():
                 raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
             use_template = from_snapshot is None and not cold and self.settings.templates and not gvisor
-            if self._pool_claim(spec, use=use_template and spec.image is None):  # warm ones are of the default image
+            if self._pool_claim(spec, use=use_template):
                 return "pool"
             self._new_record(spec)
             if use_template and self._create_from_template(spec):
-                self._pool_fill_later(spec.size)
+                self._pool_fill_later(spec.size, spec.image)
                 return "template"
             try:
                 disks.create_disk(base, self._disk(spec.id), spec.size.disk_mib)

@@ -111,8 +111,7 @@ class TemplateMixin(NodeBase):
         def run() -> None:
             try:
                 self.build_template(size, image)
-                if image is None:  # warm sandboxes are of the default image only
-                    self._pool_fill_later(size)
+                self._pool_fill_later(size, image)
             except Exception as e:  # a background build must never take the server down
                 log.warning("template %s: build failed: %s", key, e)
             finally:

@@ -9,8 +9,11 @@ template's restore gives: hostname in the UTS namespace and the files, machine-i
 SSH host keys) and it is running. Each claim starts making a new one in the background.
 
 - How many: ``Settings.warm_pool`` per size (``SBX_WARM_POOL``, default 2; 0 turns warm sandboxes off), only for
-  sizes whose template exists, so a size nobody used costs nothing. What one costs while it waits: the memory of an
-  idle base system (its RSS; the size's limit is not reserved for it) and a reflinked disk copy.
+  sizes whose template exists, so a size nobody used costs nothing. A user image (issue 32) has pools of its own,
+  per size, keyed ``<size>@<image key>``: made once a sandbox of it was created from its template on this node
+  (its facts come with that create), so an image nobody started since the node's start costs nothing. What one
+  costs while it waits: the memory of an idle base system (its RSS; the size's limit is not reserved for it) and a
+  reflinked disk copy.
 - What it holds: the pristine template restored with the hostname ``sbx-pool`` and ``/tmp`` emptied; no user's
   command ever ran in it, and it is given to one create only (taken under a lock).
 - Where it is known: only on its node, in memory and in its ``node.json`` (``"pooled": <size>``, phase
@@ -29,6 +32,7 @@ import socket
 import string
 import threading
 import time
+from typing import Any
 
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
@@ -56,6 +60,12 @@ def set_hostname(pid: int, hostname: str) -> None:
     in_namespace(f"/proc/{pid}/ns/uts", CLONE_NEWUTS, lambda: socket.sethostname(hostname))
 
 
+def pool_key(size: Size, image: dict[str, Any] | None) -> str:
+    """The pool a warm sandbox belongs to: the size's name for the default image, ``<size>@<image key>`` for a user
+    image (:attr:`sbx.node.types.SandboxSpec.image`)."""
+    return size.name if image is None else f"{size.name}@{image['key']}"
+
+
 def _new_id() -> str:
     """A sandbox id of the control plane's form (``sb_`` + 10 of ``[a-z0-9]``, :mod:`sbx.control.store.ids`)."""
     return "sb_" + "".join(secrets.choice(_ALPHABET) for _ in range(10))
@@ -66,10 +76,12 @@ class WarmPoolMixin(NodeBase):
     :class:`sbx.node.agent.LocalNode`; see the module docstring)."""
 
     def pool_take(self, size: str) -> str | None:
-        """Reserve a warm sandbox of size ``size`` (a size name) for the create the caller is about to send, and
-        return its id, or None when there is none (the create then restores the template or boots, as before).
-        The id must be the new sandbox's: :meth:`create` with a spec of that id claims it."""
-        if size not in self.settings.sizes:
+        """Reserve a warm sandbox of pool ``size`` (a size name, or ``<size>@<image key>``: :func:`pool_key`) for the
+        create the caller is about to send, and return its id, or None when there is none (the create then
+        restores the template or boots, as before). The id must be the new sandbox's: :meth:`create` with a spec
+        of that id claims it."""
+        size_name, _, image_key = size.partition("@")
+        if size_name not in self.settings.sizes or (image_key and image_key not in self._pool_images):
             return None
         with self._pool_guard:
             ready, taken = self._pool_ready, self._pool_taken
@@ -84,11 +96,11 @@ class WarmPoolMixin(NodeBase):
             log.info("%s: a warm sandbox taken %.0f s ago was never claimed: deleting it", old, TAKE_SECONDS)
             self.delete(old)
         if sid is not None:
-            self._pool_fill_later(self.settings.sizes[size])
+            self._pool_fill_later(self.settings.sizes[size_name], self._pool_images.get(image_key))
         return sid
 
     def pool_counts(self) -> dict[str, int]:
-        """``{size name: warm sandboxes ready}`` on this node."""
+        """``{pool key: warm sandboxes ready}`` on this node (a size name, or ``<size>@<image key>``)."""
         with self._pool_guard:
             return {k: len(v) for k, v in self._pool_ready.items() if v}
 
@@ -103,7 +115,7 @@ class WarmPoolMixin(NodeBase):
             return False
         st = Steps("from-pool", spec.id)
         try:
-            if not use or entry[0] != spec.size.name or not self._is_running(spec.id):
+            if not use or entry[0] != pool_key(spec.size, spec.image) or not self._is_running(spec.id):
                 raise NodeError("restore_failed", "the warm sandbox is not usable for this create")
             rec = self._record(spec.id)
             rec["spec"] = self._spec_dict(spec)
@@ -131,49 +143,54 @@ class WarmPoolMixin(NodeBase):
         st.done()
         return True
 
-    def _pool_fill_later(self, size: Size) -> None:
-        """Make warm sandboxes of ``size`` in a background thread until ``Settings.warm_pool`` are ready (one
-        thread per size at a time; nothing when warm sandboxes or templates are off, the template is not built, or
-        the server is shutting down). The thread waits :data:`FILL_DELAY` first."""
+    def _pool_fill_later(self, size: Size, image: dict[str, Any] | None = None) -> None:
+        """Make warm sandboxes of ``size`` of ``image`` (its facts; None: the default image) in a background thread
+        until ``Settings.warm_pool`` are ready (one thread per pool at a time; nothing when warm sandboxes or
+        templates are off, the template is not built, or the server is shutting down). The thread waits
+        :data:`FILL_DELAY` first."""
         want = self.settings.warm_pool if self.settings.templates else 0
         if want <= 0 or self._shutdown_at is not None:
             return
+        key = pool_key(size, image)
         with self._pool_guard:
-            if size.name in self._pool_filling:
+            if key in self._pool_filling:
                 return
-            self._pool_filling.add(size.name)
+            self._pool_filling.add(key)
+            if image is not None:
+                self._pool_images[image["key"]] = image
 
         def run() -> None:
             try:
                 time.sleep(FILL_DELAY)
-                while self._shutdown_at is None and self.template_ready(size) is not None:
+                while self._shutdown_at is None and self.template_ready(size, image) is not None:
                     with self._pool_guard:
-                        if len(self._pool_ready.get(size.name, [])) >= want:
+                        if len(self._pool_ready.get(key, [])) >= want:
                             return
-                    if not self._pool_make(size):
+                    if not self._pool_make(size, image):
                         return
             except Exception as e:  # a background fill must never take the server down
-                log.warning("warm sandboxes of %s: %s", size.name, e)
+                log.warning("warm sandboxes of %s: %s", key, e)
             finally:
                 with self._pool_guard:
-                    self._pool_filling.discard(size.name)
+                    self._pool_filling.discard(key)
 
-        threading.Thread(target=run, name=f"warm-pool-{size.name}", daemon=True).start()
+        threading.Thread(target=run, name=f"warm-pool-{key[:24]}", daemon=True).start()
 
-    def _pool_make(self, size: Size) -> bool:
-        """Restore one warm sandbox of ``size`` from its template and offer it. Returns False (nothing left
-        behind) when the restore failed or the server began to shut down meanwhile."""
+    def _pool_make(self, size: Size, image: dict[str, Any] | None = None) -> bool:
+        """Restore one warm sandbox of ``size`` of ``image`` from its template and offer it. Returns False (nothing
+        left behind) when the restore failed or the server began to shut down meanwhile."""
         sid = _new_id()
-        spec = SandboxSpec(id=sid, hostname=POOL_HOSTNAME, size=size)
+        key = pool_key(size, image)
+        spec = SandboxSpec(id=sid, hostname=POOL_HOSTNAME, size=size, image=image)
         with self._lock(sid):
-            self._new_record(spec, pooled=size.name)
+            self._new_record(spec, pooled=key)
             if not self._create_from_template(spec, identity=False):
                 self.delete(sid)
                 return False
             self._set_phase(sid, "pooled", startedFrom="pool")
         with self._pool_guard:
             if self._shutdown_at is None:
-                self._pool_ready.setdefault(size.name, []).append(sid)
+                self._pool_ready.setdefault(key, []).append(sid)
                 return True
         self.delete(sid)
         return False

@@ -22,6 +22,7 @@ class Pool(warmpool.WarmPoolMixin):
         self._pool_ready: dict[str, list[str]] = {}
         self._pool_taken: dict[str, tuple[str, float]] = {}
         self._pool_filling: set[str] = set()
+        self._pool_images: dict[str, dict[str, Any]] = {}
         self._pool_guard = threading.Lock()
         self._shutdown_at = None
         self.deleted: list[str] = []
@@ -30,8 +31,8 @@ class Pool(warmpool.WarmPoolMixin):
     def delete(self, id: str) -> None:
         self.deleted.append(id)
 
-    def _pool_fill_later(self, size: Any) -> None:
-        self.fills.append(size.name)
+    def _pool_fill_later(self, size: Any, image: dict[str, Any] | None = None) -> None:
+        self.fills.append(warmpool.pool_key(size, image))
 
 
 def test_concurrent_takes_never_share_a_warm_sandbox(tmp_path: Path) -> None:
@@ -90,6 +91,24 @@ def test_forget_deletes_every_warm_sandbox_ready_or_taken(tmp_path: Path) -> Non
     p._pool_forget()
     assert sorted(p.deleted) == ["sb_warm000001", "sb_warm000002", "sb_warm000003"]
     assert p._pool_ready == {} and p._pool_taken == {} and p.pool_counts() == {}
+
+
+def test_a_user_images_warm_sandboxes_are_its_own(tmp_path: Path) -> None:
+    """Issue 32: an image's pool (``<size>@<key>``) serves only creates of that image and size; an image whose facts
+    this node never saw (no create of it from its template here) has no pool."""
+    p = Pool(tmp_path)
+    size = p.settings.sizes["small"]
+    key = "a" * 64
+    image = {"key": key, "init": "systemd", "name": "tools"}
+    p._pool_images[key] = image
+    p._pool_ready = {f"small@{key}": ["sb_warmimg001", "sb_warmimg002"], "small": ["sb_warmdef001"]}
+    assert p.pool_take(f"small@{'b' * 64}") is None and p.pool_take(f"nosuchsize@{key}") is None
+    assert p.pool_take(f"small@{key}") == "sb_warmimg001" and p.fills == [f"small@{key}"]
+    # a create of the default image can't use the image's warm sandbox: it is deleted
+    assert p._pool_claim(SandboxSpec(id="sb_warmimg001", hostname="a-b-c", size=size), use=True) is False
+    assert p.deleted == ["sb_warmimg001"]
+    assert p.pool_take("small") == "sb_warmdef001"
+    assert p.pool_counts() == {f"small@{key}": 1}
 
 
 def test_warm_sandbox_ids_have_the_control_planes_form() -> None:
