@@ -53,6 +53,13 @@ def test_the_sandbox_runs_on_gvisors_kernel(server: Any, gsid: str) -> None:
     cmdline = server.sbx("exec", gsid, "cat /proc/cmdline").stdout
     assert cmdline.strip() != Path("/proc/cmdline").read_text().strip()
     assert "loop" not in server.sbx("exec", gsid, "cat /proc/partitions 2>/dev/null; ls /sys/block 2>/dev/null").stdout
+    # root can mount a fresh procfs and sysfs: still gVisor's, no host path or kernel fact in them or in mountinfo
+    probe = _ok(server.sbx("exec", gsid, "-u", "root",
+                           "mkdir -p /tmp/p /tmp/s && mount -t proc proc /tmp/p && mount -t sysfs sysfs /tmp/s && "
+                           "cat /tmp/p/cmdline /tmp/p/self/mountinfo; ls /tmp/s/block /tmp/s/fs 2>&1; "
+                           "umount /tmp/p /tmp/s"))
+    assert "gvisor" in probe and Path("/proc/cmdline").read_text().strip() not in probe
+    assert "/var/lib/sbx" not in probe and "/run/sbx" not in probe and "loop" not in probe, probe
     # PID 1 is sbx's minimal init, not systemd
     assert "tini" in _ok(server.sbx("exec", gsid, "cat /proc/1/cmdline | tr '\\0' ' '"))
 

@@ -101,3 +101,57 @@ def test_runsc_exec_has_no_terminal_and_names_the_user(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError_):
         runsc.checkpoint("sb_g", tmp_path / "img", tmp_path / "work", page_server="10.0.0.1:1234")
     assert netns_name("sb_g") == "sbx-sb_g"
+
+
+def _fake_relay(answer: bytes) -> tuple[int, list[bytes]]:
+    """A one-connection TCP server on 127.0.0.1 that records what it got and answers ``answer`` then closes."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            got.append(conn.recv(100))
+            if answer:
+                conn.sendall(answer)
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv.getsockname()[1], got
+
+
+def test_connect_relay_sends_the_token_and_wants_the_agents_hello() -> None:
+    from sbx.node.exec import channel
+
+    port, got = _fake_relay(channel.frame(b"H", channel.HELLO))
+    sock = channel.connect_relay("127.0.0.1", port, b"a" * 32)
+    sock.close()
+    assert got == [b"a" * 32 + b"\n"]
+    port, _ = _fake_relay(channel.frame(b"H", b"not-the-agent"))
+    with pytest.raises(channel.Unavailable) as e:
+        channel.connect_relay("127.0.0.1", port, b"a" * 32)
+    assert e.value.suspect
+    port, _ = _fake_relay(b"")  # closed before a hello: the agent is not up yet, not suspect
+    with pytest.raises(channel.Unavailable) as e:
+        channel.connect_relay("127.0.0.1", port, b"a" * 32)
+    assert not e.value.suspect
+
+
+def test_relay_token_is_read_and_checked() -> None:
+    from sbx.node.exec import channel
+
+    assert channel.relay_token(lambda: b"0123456789abcdef0123\n") == b"0123456789abcdef0123"
+    for bad in (b"", b"short", b"has spaces in it and more\n", b"../../etc/passwd-but-long"):
+        with pytest.raises(channel.Unavailable):
+            channel.relay_token(lambda bad=bad: bad)  # type: ignore[misc]
+
+    def missing() -> bytes:
+        raise FileNotFoundError("etc/sbx/relay-token")
+
+    with pytest.raises(channel.Unavailable):
+        channel.relay_token(missing)
