@@ -128,6 +128,16 @@ def test_network_a_hosted_port_and_a_terminal(server: Any, gsid: str) -> None:
     import urllib.request
 
     assert "nameserver" in _ok(server.sbx("exec", gsid, "cat /etc/resolv.conf"))
+    # out through the node's resolver and NAT to the host's Debian mirror (the egress policy allows it)
+    from urllib.parse import urlsplit
+
+    from sbx.node.host import aptsources
+
+    mirror = aptsources.debian_mirror()
+    host = urlsplit(mirror).hostname
+    assert _ok(server.sbx("exec", gsid, f"getent hosts {host}")).strip()
+    r = server.sbx("exec", gsid, f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 {mirror}/dists/", timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() in ("200", "301", "302", "403", "404"), r
     _ok(server.sbx("exec", gsid, "mkdir -p ~/site && echo hello-gvisor > ~/site/index.html && cd ~/site && "
                                  "(nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && "
                                  "for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; "
