@@ -72,7 +72,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         return images.view(row, who.account_id)
 
     @v1.post("/images/build", status_code=201, tags=["images"], response_model=S.ImageOut,
-             responses=_BUILD_RESPONSES)
+             responses=_BUILD_RESPONSES, openapi_extra=_body("application/octet-stream", "the build context as a tar"))
     async def build_image(request: Request, name: NameQ, dockerfile: DockerfileQ = "Dockerfile",
                           shared: SharedQ = False, stream: StreamQ = False, who: Principal = Who) -> Any:
         """Build image ``name`` from the Dockerfile at ``dockerfile`` in the build context the body holds (a tar).
@@ -94,7 +94,8 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
                        lambda row: view(row, who))
 
     @v1.post("/images/import", status_code=201, tags=["images"], response_model=S.ImageOut,
-             responses=_BUILD_RESPONSES)
+             responses=_BUILD_RESPONSES, openapi_extra=_body("application/octet-stream", "a docker save or OCI "
+                                                             "archive, or a flat root filesystem tar"))
     async def import_image(request: Request, name: NameQ, shared: SharedQ = False, stream: StreamQ = False,
                            who: Principal = Who) -> Any:
         """Import image ``name`` from the body: a ``docker save`` archive, an OCI image archive (an OCI layout
@@ -127,6 +128,12 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         made from it is not deleted; nothing changes then."""
         images.delete(who.account_id, name, admin=who.admin)
         return {"deleted": name}
+
+
+def _body(media: str, what: str) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of an upload route: required, raw bytes of ``media``."""
+    return {"requestBody": {"required": True, "description": what,
+                            "content": {media: {"schema": {"type": "string", "format": "binary"}}}}}
 
 
 def _check_shared(shared: bool, who: Principal) -> None:

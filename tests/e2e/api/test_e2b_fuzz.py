@@ -144,5 +144,8 @@ def test_e2b_routes_answer_bad_input_with_e2b_errors_and_never_a_5xx(server: Ser
         native.close()
         e2b.close()
     # the fuzz reached past validation: some creates passed and the real sandbox's routes answered
-    assert seen.get(("create", 400)) and seen.get(("get", 200)) and seen.get(("list", 200)), seen
+    # the fuzz reached the routes' success paths too: a fuzzed timeout of 0 may kill the known sandbox early (seen in
+    # a CI run: every later get answered 404), so a successful connect counts as reaching it
+    assert seen.get(("create", 400)) and seen.get(("list", 200)), seen
+    assert seen.get(("get", 200)) or seen.get(("connect", 200)) or seen.get(("connect", 201)), seen
     assert httpx.get(server.url + "/healthz", timeout=30).json()["ok"] is True

@@ -157,6 +157,9 @@ def test_openapi_describes_the_image_routes(api: Api) -> None:
         assert path in doc["paths"]
     build = doc["paths"]["/v1/images/build"]["post"]["responses"]
     assert {"201", "400", "403", "409", "413", "422"} <= set(build)
+    for path in ("/v1/images/build", "/v1/images/import"):
+        body = doc["paths"][path]["post"]["requestBody"]
+        assert body["required"] is True and "application/octet-stream" in body["content"]  # an empty one is invalid
 
 
 def test_an_e2b_template_id_names_an_image(api: Api) -> None:
