@@ -40,6 +40,11 @@ def write_client_config(settings: Settings, token: str) -> None:
 
 
 SHUTDOWN_GRACE = 10.0
+KEEP_ALIVE = 120
+"""Seconds the server and the node API keep an idle HTTP connection open. Longer than clients keep theirs in their
+pools (httpx: 5 s; the reqwest pool under E2B's SDK: 90 s), so the client always closes an idle connection first: with
+uvicorn's 5 s, a request sent on a connection as the server closed it failed with "connection closed before message
+completed" (seen in a CI run of tests/e2e/api/test_e2b_lifecycle.py, after a 5 s pause)."""
 """Seconds attached exec streams may still run after SIGTERM; then their commands are killed and each client gets
 the stream error ``server_shutdown``. Any other open stream is cut :data:`SHUTDOWN_GRACE` + 5 s after SIGTERM."""
 
@@ -132,7 +137,7 @@ def server(
               f"(client config: {config_path()})", markup=False)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
                             log_config=logs.uvicorn_log_config(settings.log_format),
-                            timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5)
+                            timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5, timeout_keep_alive=KEEP_ALIVE)
     _uvicorn_server(config, on_exit=lambda: _begin_shutdown(app)).run()
     if node.cleanup_host():
         err.print(f"removed {settings.bridge}, the nftables table and /run/sbx/{settings.node_name}", markup=False)

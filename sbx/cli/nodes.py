@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from sbx.cli.admin import SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
+from sbx.cli.admin import KEEP_ALIVE, SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
 from sbx.cli.common import JSON_OPT, client, err, fail, handle_errors, out, print_json, print_table, spinner
 from sbx.config import load_settings
 from sbx.sdk import nodes as N
@@ -72,7 +72,7 @@ def serve(
     config = uvicorn.Config(app_, host=settings.node_host, port=settings.node_port, log_level=log_level,
                             log_config=logs.uvicorn_log_config(settings.log_format),
                             lifespan="on", timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5,
-                            access_log=False)
+                            timeout_keep_alive=KEEP_ALIVE, access_log=False)
     _uvicorn_server(config, on_exit=lambda: node.begin_shutdown(SHUTDOWN_GRACE)).run()
     if node.cleanup_host():
         err.print(f"removed {settings.bridge}, the nftables table and /run/sbx/{settings.node_name}", markup=False)
