@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import signal
-import struct
 import subprocess
-import termios
 import tty
 from collections.abc import Callable
 from typing import Any, Literal
@@ -52,6 +49,7 @@ from sbx.api.auth import Gate, check_sandbox
 from sbx.api.models import HostPort
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
+from sbx.node.exec.terminal import set_winsize
 from sbx.node.host.tools import hang_up
 from sbx.node.types import NodeError
 
@@ -195,12 +193,6 @@ def _files(v1: APIRouter, cp: ControlPlane) -> None:
 
 
 # --- PTY sessions ---------------------------------------------------------------------------------------------
-def _set_winsize(fd: int, cols: int, rows: int) -> None:
-    cols = max(1, min(cols, 1000))
-    rows = max(1, min(rows, 1000))
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
 def _int(value: str | None, default: int) -> int:
     try:
         return int(value) if value is not None else default
@@ -208,13 +200,13 @@ def _int(value: str | None, default: int) -> int:
         return default
 
 
-def _open_pty(cp: ControlPlane, sandbox_id: str, argv: list[str], user: str, term: str
+def _open_pty(cp: ControlPlane, sandbox_id: str, argv: list[str], user: str, term: str, size: tuple[int, int]
               ) -> subprocess.Popen[bytes]:
     if user not in ("user", "root"):
         raise ControlError("invalid_user", "user must be 'user' or 'root'", 400)
     cp.wait_running(sandbox_id)
     try:
-        return cp.node.spawn(sandbox_id, argv, user=user, tty=True, env={"TERM": term})
+        return cp.node.spawn(sandbox_id, argv, user=user, tty=True, env={"TERM": term}, size=size)
     except NodeError as e:
         raise ControlError(e.code, e.message, 409 if e.code == "not_running" else 502) from None
 
@@ -262,17 +254,17 @@ def _pty(app: FastAPI, cp: ControlPlane) -> None:
         q = ws.query_params
         command = q.get("command")
         argv = ["/bin/bash", "-lc", command] if command else ["/bin/bash", "-l"]
+        cols, rows = _int(q.get("cols"), 80), _int(q.get("rows"), 24)
         try:
             proc = await run_in_threadpool(_open_pty, cp, sandbox_id, argv, q.get("user", "user"),
-                                           q.get("term") or "xterm-256color")
+                                           q.get("term") or "xterm-256color", (cols, rows))
         except ControlError as e:
             await refuse(e.code, e.message)
             return
         cp.activity.begin(sandbox_id)
         master: int = proc.pty_master  # type: ignore[attr-defined]
         try:
-            await _session(ws, proc, master, _int(q.get("cols"), 80), _int(q.get("rows"), 24),
-                           lambda: cp.activity.touch(sandbox_id))
+            await _session(ws, proc, master, cols, rows, lambda: cp.activity.touch(sandbox_id))
         finally:
             os.close(master)
             await run_in_threadpool(hang_up, proc)
@@ -286,7 +278,7 @@ async def _session(ws: WebSocket, proc: subprocess.Popen[bytes], master: int, co
         # the host side of the pair only relays bytes to runc, which relays them to the sandbox's own terminal
         # (where echo, line editing and ^D happen): keep it raw, so nothing is echoed or cooked twice
         tty.setraw(master)
-        _set_winsize(master, cols, rows)
+        set_winsize(master, cols, rows)
     resized = False
 
     async def write_all(data: bytes) -> None:
@@ -331,7 +323,7 @@ async def _session(ws: WebSocket, proc: subprocess.Popen[bytes], master: int, co
                     continue
                 if ctl.get("type") == "resize":
                     with contextlib.suppress(OSError, TypeError, ValueError):
-                        _set_winsize(master, int(ctl["cols"]), int(ctl["rows"]))
+                        set_winsize(master, int(ctl["cols"]), int(ctl["rows"]))
                         proc.send_signal(signal.SIGWINCH)
                 elif ctl.get("type") == "eof":
                     await write_all(b"\x04")

@@ -286,10 +286,11 @@ class NodeAgent(Protocol):
         ...
 
     def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
-              tty: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+              tty: bool = False, env: dict[str, str] | None = None,
+              size: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
         """Start ``argv`` in the running sandbox and return the process (pipes for stdout/stderr, stdin when
-        asked; with ``tty``, ``proc.pty_master`` is the host end of its pseudo-terminal). Used for file transfer
-        and interactive shells."""
+        asked; with ``tty``, ``proc.pty_master`` is the host end of its pseudo-terminal, of ``size`` =
+        ``(columns, rows)`` from the start, default 80x24). Used for file transfer and interactive shells."""
         ...
 
     def address(self, id: str) -> str:

@@ -266,8 +266,9 @@ class NodeRouter:
         return self._for(id).status(id, settled=settled)
 
     def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
-              tty: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self._for(id).spawn(id, argv, user=user, stdin=stdin, tty=tty, env=env)
+              tty: bool = False, env: dict[str, str] | None = None,
+              size: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
+        return self._for(id).spawn(id, argv, user=user, stdin=stdin, tty=tty, env=env, size=size)
 
     def address(self, id: str) -> str:
         return self._for(id).address(id)

@@ -22,6 +22,7 @@ from typing import Any
 
 from sbx.node.agentbase import now
 from sbx.node.exec.attached import ChannelMixin
+from sbx.node.exec.terminal import set_winsize
 from sbx.node.types import ExecEvent, JobInfo, NodeError
 from sbx.runtime.base import RuntimeError_
 from sbx.runtime.runc import kill_process_group
@@ -30,6 +31,12 @@ USER_UID = 1000
 USER_GID = 1000
 JOBS_DIR = "/var/lib/sbx-jobs"
 _JOB_RE = re.compile(r"^job_[a-z0-9]{8}$")
+
+
+SIZED_TTY = ["/bin/sh", "-c", 'stty cols "$1" rows "$2" 2>/dev/null; shift 2; exec "$@"', "sbx-tty"]
+"""The prefix of a terminal command (then columns, rows, the command): runc makes the sandbox's terminal and
+copies the size of its own onto it only after the command has started, so a command that reads its size at once
+(``stty size``, a full-screen program drawing its first screen) saw 0x0; set inside first, the size is there."""
 
 
 @dataclass(frozen=True)
@@ -276,12 +283,14 @@ class ExecMixin(ChannelMixin):
             raise NodeError("not_found", f"no job {job!r} in {id}") from e
 
     def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
-              tty: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+              tty: bool = False, env: dict[str, str] | None = None,
+              size: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
         """Start ``argv`` in the sandbox as ``user`` in its home, with pipes for stdout/stderr (and stdin when
         ``stdin``), and return the process. Everything it touches is resolved inside the sandbox's own mount
         namespace, so files moved this way can never follow a sandbox symlink onto the host. With ``tty`` the
         process gets a pseudo-terminal: the returned process's stdin/stdout are the host side of a pty pair
-        (runc ``exec --tty`` relays it into the container), stderr is merged into it."""
+        (runc ``exec --tty`` relays it into the container), stderr is merged into it. The sandbox's terminal has
+        ``size`` (``(columns, rows)``) before ``argv`` starts (:data:`SIZED_TTY`)."""
         self._require_running(id)
         rec = self._record(id)
         login = login_for(self._image_of(rec), user)
@@ -290,7 +299,10 @@ class ExecMixin(ChannelMixin):
         if tty:
             import pty
 
+            cols, rows = size or (80, 24)
             master, slave = pty.openpty()
+            set_winsize(slave, cols, rows)
+            argv = [*SIZED_TTY, str(cols), str(rows), *argv]
             args = self.runtime.exec_command(id, argv, uid=uid, gid=gid, cwd=home, env=envs, extra=("--tty",))
             proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
             os.close(slave)

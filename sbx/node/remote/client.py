@@ -342,7 +342,8 @@ class RemoteNode(EgressClient):
             resp.close()
 
     def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False,
-              tty: bool = False, env: dict[str, str] | None = None) -> RemoteProcess:
+              tty: bool = False, env: dict[str, str] | None = None,
+              size: tuple[int, int] | None = None) -> RemoteProcess:
         """As :meth:`sbx.node.types.NodeAgent.spawn`, relayed over the node's WebSocket
         (:mod:`sbx.node.remote.spawned`)."""
         from websockets.sync.client import connect
@@ -354,7 +355,8 @@ class RemoteNode(EgressClient):
         except Exception as e:  # refused, reset, handshake refused (401)
             raise self._unreachable(e) from None
         try:
-            ws.send(json.dumps({"id": id, "argv": argv, "user": user, "stdin": stdin, "tty": tty, "env": env}))
+            ws.send(json.dumps({"id": id, "argv": argv, "user": user, "stdin": stdin, "tty": tty, "env": env,
+                                "size": list(size) if size else None}))
             answer = json.loads(ws.recv(timeout=60))
         except Exception as e:
             ws.close()

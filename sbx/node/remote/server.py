@@ -265,6 +265,9 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
         try:
             request = json.loads(await ws.receive_text())
             kwargs = {k: request[k] for k in ("user", "stdin", "tty", "env") if k in request}
+            if request.get("size"):
+                cols, rows = request["size"]
+                kwargs["size"] = (int(cols), int(rows))
             proc = await run_in_threadpool(lambda: node.spawn(str(request["id"]), list(request["argv"]), **kwargs))
         except NodeError as e:
             await ws.send_text(json.dumps({"type": "error", "code": e.code, "message": e.message}))

@@ -36,13 +36,6 @@ OUT_STDERR = 2
 _READ_CHUNK = 65536
 
 
-def set_winsize(fd: int, cols: int, rows: int) -> None:
-    """Set the terminal size of the pty behind ``fd`` (clamped to 1..1000)."""
-    cols = max(1, min(cols, 1000))
-    rows = max(1, min(rows, 1000))
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
 def _get_winsize(fd: int) -> tuple[int, int]:
     rows, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
     return cols, rows

@@ -18,13 +18,10 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from sbx.node.exec.terminal import set_winsize
 from sbx.node.host.tools import hang_up
 from sbx.node.remote import wire
-from sbx.node.remote.spawned import (
-    OUT_STDERR,
-    OUT_STDOUT,
-    set_winsize,
-)
+from sbx.node.remote.spawned import OUT_STDERR, OUT_STDOUT
 from sbx.node.types import ExecEvent, NodeError
 
 log = logging.getLogger("sbx.node.remote")

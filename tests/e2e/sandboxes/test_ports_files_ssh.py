@@ -281,3 +281,25 @@ def test_ssh_runs_in_a_terminal_in_the_sandbox(server: Any) -> None:
     r = run("ssh", sid, "--user", "root", "--", "id -u")
     assert r.stdout.strip() == "0"
     server.sbx("delete", sid, "--wait", check=True)
+
+
+def test_a_terminal_has_the_asked_size_from_its_first_command(server: Any) -> None:
+    """The pty session's ``cols``/``rows`` are the sandbox terminal's size before its command runs: a command
+    that reads it at once (``stty size``) sees them (the size was once set only after the command started, and a
+    quick command read 0 0 now and then)."""
+    from websockets.sync.client import connect
+
+    sid = new_sandbox(server)
+    url = "ws" + server.url[len("http"):] + f"/v1/sandboxes/{sid}/pty?command=stty+size&cols=100&rows=30"
+    for _ in range(8):
+        out = b""
+        with connect(url, additional_headers={"Authorization": f"Bearer {server.token}"}) as ws:
+            while True:
+                msg = ws.recv(timeout=60)
+                if isinstance(msg, bytes):
+                    out += msg
+                else:
+                    assert json.loads(msg) == {"type": "exit", "exitCode": 0}, msg
+                    break
+        assert out.strip() == b"30 100", out
+    server.sbx("delete", sid, "--wait", check=True)

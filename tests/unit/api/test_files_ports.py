@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sbx.node.exec.terminal import set_winsize
 from tests.fakes import Api, FakeNode, make_api, wait_until
 
 
@@ -30,7 +31,7 @@ class SpawnNode(FakeNode):
     """FakeNode plus ``spawn`` (host processes in the sandbox's folder) and ``address`` (127.0.0.1)."""
 
     def spawn(self, id: str, argv: list[str], *, user: str = "user", stdin: bool = False, tty: bool = False,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+              env: dict[str, str] | None = None, size: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
         box = self._running(id)
         self.calls.append(("spawn", id, {"argv": argv, "user": user, "tty": tty}))
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(box.dir), **(env or {})}
@@ -38,6 +39,7 @@ class SpawnNode(FakeNode):
             import pty
 
             master, slave = pty.openpty()
+            set_winsize(slave, *(size or (80, 24)))
             proc = subprocess.Popen(argv, cwd=box.dir, env=full_env, stdin=slave, stdout=slave, stderr=slave,
                                     start_new_session=True)
             os.close(slave)
