@@ -16,9 +16,11 @@ E2B commands keeps one idle ``bash`` waiting (``sbx jobs`` lists it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sbx.api.e2b.follower import JOBS_DIR, NAP
@@ -34,6 +36,8 @@ NO_CLAIM = b"noclaim"
 """The first line of a claiming follower that found no ready job."""
 TARGET = 2
 """Ready jobs kept per sandbox."""
+HOLD_WAIT = 30.0
+"""Longest wait (seconds) of :meth:`Pool.hold` for a ready job's start in flight."""
 SNIPPET_MAX = 16 << 10
 """Largest snippet sent to a ready job (bigger commands start the usual way)."""
 
@@ -78,9 +82,27 @@ class Pool:
 
     def __init__(self, cp: ControlPlane):
         self.cp = cp
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._ready: dict[str, int] = {}
         self._busy: set[str] = set()
+        self._held: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, sandbox_id: str, wait: float = HOLD_WAIT) -> Iterator[None]:
+        """While the block runs (a pause), start no ready job in the sandbox, after waiting up to ``wait``
+        seconds for a start in flight to end: a pause that came while ``systemd-run`` was talking to the
+        sandbox's systemd would cut that job's start half way, and its checkpoint could fail on the open
+        connection and stop the sandbox without its memory."""
+        with self._lock:
+            self._held[sandbox_id] = self._held.get(sandbox_id, 0) + 1
+            self._lock.wait_for(lambda: sandbox_id not in self._busy, timeout=wait)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[sandbox_id] -= 1
+                if not self._held[sandbox_id]:
+                    del self._held[sandbox_id]
 
     def worth_claiming(self, sandbox_id: str) -> bool:
         """Whether a ready job may be there: not when this process knows there is none (a sandbox it made, or
@@ -108,7 +130,7 @@ class Pool:
 
     def _refill(self, sandbox_id: str) -> None:
         with self._lock:
-            if sandbox_id in self._busy or self._ready.get(sandbox_id, 0) >= TARGET:
+            if sandbox_id in self._busy or sandbox_id in self._held or self._ready.get(sandbox_id, 0) >= TARGET:
                 return
             self._busy.add(sandbox_id)
         threading.Thread(target=self._fill, args=(sandbox_id,), name="e2b-ready-job", daemon=True).start()
@@ -117,7 +139,7 @@ class Pool:
         try:
             while True:
                 with self._lock:
-                    if self._ready.get(sandbox_id, 0) >= TARGET:
+                    if self._ready.get(sandbox_id, 0) >= TARGET or sandbox_id in self._held:
                         return
                 self.cp.exec_detached(sandbox_id, ready_command(), user="user")
                 with self._lock:
@@ -129,3 +151,4 @@ class Pool:
         finally:
             with self._lock:
                 self._busy.discard(sandbox_id)
+                self._lock.notify_all()

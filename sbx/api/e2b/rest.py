@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import logging
 from typing import Any
@@ -291,8 +292,9 @@ class Api:
         row = self.row(who, sandbox_id)
         if row.state in PAUSED:
             raise E2BError(409, f"sandbox {sandbox_id} is already paused")
-        self.cp.stop(sandbox_id, keep_memory=memory)
-        self.settle(sandbox_id)
+        with self.ready.hold(sandbox_id) if self.ready is not None else contextlib.nullcontext():
+            self.cp.stop(sandbox_id, keep_memory=memory)
+            self.settle(sandbox_id)
 
     def connect(self, who: Principal, sandbox_id: str, body: dict[str, Any], resume_only: bool = False
                 ) -> tuple[int, dict[str, Any]]:

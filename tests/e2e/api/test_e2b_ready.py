@@ -5,11 +5,13 @@ not the idle ready jobs), they outlive a pause, and ``commands.kill`` ends them.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from tests.e2e.api.test_e2b_sdk import e2b_env  # noqa: F401  (a fixture: the SDK's URLs and key)
+from tests.e2e.conftest import Server
 
 e2b = pytest.importorskip("e2b")
 
@@ -18,8 +20,16 @@ pytestmark = pytest.mark.e2e
 CLAIMED = "ls -d /var/lib/sbx-jobs/*/e2b-claimed 2>/dev/null | wc -l"
 
 
-@pytest.mark.usefixtures("e2b_env")
-def test_commands_in_ready_jobs_behave_as_any_command() -> None:
+def _why(server: Server, sandbox_id: str) -> str:
+    """What the sandbox's sbx record says of its last stop and resume, and the server's warnings about it."""
+    info = json.loads(server.sbx("info", sandbox_id, "--json", check=True).stdout)["sandbox"]
+    keep = {k: info.get(k) for k in ("memorySaved", "stopError", "memoryRestored", "resumeReason")}
+    warned = [line for line in server.log.read_text(errors="replace").splitlines()
+              if sandbox_id in line and ("WARNING" in line or "passing reason" in line)]
+    return f"{keep} {warned[-5:]}"
+
+
+def test_commands_in_ready_jobs_behave_as_any_command(e2b_env: Server) -> None:  # noqa: F811
     from e2b import CommandExitException, Sandbox
 
     sbx = Sandbox.create(timeout=600, envs={"FROM_SANDBOX": "s"})
@@ -55,7 +65,7 @@ def test_commands_in_ready_jobs_behave_as_any_command() -> None:
 
         assert sbx.pause() is True
         again = Sandbox.connect(sbx.sandbox_id)
-        assert bg.pid in [p.pid for p in again.commands.list()]
+        assert bg.pid in [p.pid for p in again.commands.list()], _why(e2b_env, sbx.sandbox_id)
         time.sleep(0.5)
         assert again.commands.run("echo after the pause").stdout == "after the pause\n"  # a ready job kept too
         assert claimed() == before + 1
