@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import tarfile
-import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,22 +58,11 @@ def build(
     dockerfile = file if file is not None else context / "Dockerfile"
     if not dockerfile.is_file():
         raise fail("dockerfile_missing", f"no Dockerfile at {dockerfile}")
-    body = _context_tar(context, dockerfile)
+    body = I.tar_folder(context, extra={".sbx-Dockerfile": dockerfile})  # the Dockerfile may live elsewhere
     with client() as c:
         img = c.run(I.build_image(name, body, dockerfile=".sbx-Dockerfile", shared=shared,
                                   on_progress=_say(json_)))
     _show(img, json_)
-
-
-def _context_tar(context: Path, dockerfile: Path) -> IO[bytes]:
-    """The context folder as a tar with the Dockerfile added as ``.sbx-Dockerfile`` (it may live elsewhere)."""
-    f = tempfile.TemporaryFile()
-    with tarfile.open(fileobj=f, mode="w") as tf:
-        for entry in sorted(context.iterdir()):
-            tf.add(entry, arcname=entry.name)
-        tf.add(dockerfile, arcname=".sbx-Dockerfile")
-    f.seek(0)
-    return f
 
 
 @app.command("import")

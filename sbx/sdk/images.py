@@ -25,9 +25,12 @@ BUILD_TIMEOUT: float | None = None
 Progress = Callable[[str], None]
 
 
-def tar_folder(folder: str | os.PathLike[str]) -> IO[bytes]:
-    """The folder ``folder`` as an uncompressed tar (paths relative to it), in a temporary file rewound to its
-    start: a build context for :func:`build_image`. Raises ``SbxError("bad_context")`` if it is not a folder."""
+def tar_folder(folder: str | os.PathLike[str], extra: dict[str, str | os.PathLike[str]] | None = None
+               ) -> IO[bytes]:
+    """The folder ``folder`` as an uncompressed tar (paths relative to it), plus each file of ``extra``
+    (``{name in the tar: path}``, e.g. a Dockerfile kept elsewhere as ``.sbx-Dockerfile``), in a temporary file
+    rewound to its start: a build context for :func:`build_image`. Raises ``SbxError("bad_context")`` if it is
+    not a folder."""
     root = Path(folder)
     if not root.is_dir():
         raise SbxError("bad_context", f"{folder} is not a folder")
@@ -35,6 +38,8 @@ def tar_folder(folder: str | os.PathLike[str]) -> IO[bytes]:
     with tarfile.open(fileobj=f, mode="w") as tf:
         for entry in sorted(root.iterdir()):
             tf.add(entry, arcname=entry.name)
+        for name, path in (extra or {}).items():
+            tf.add(path, arcname=name)
     f.seek(0)
     return f
 

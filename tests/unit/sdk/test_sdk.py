@@ -159,3 +159,22 @@ def test_background_jobs_take_env_stdin_timeout_and_kill(live: LiveServer) -> No
         seen: list[bytes] = []
         res = sb.exec("printf '\\377\\000x'", binary=True, on_stdout=seen.append)
         assert res.stdout_bytes == b"\xff\x00x" and b"".join(seen) == b"\xff\x00x"
+
+
+def test_tar_folder_packs_the_folder_and_extra_files(tmp_path: Path) -> None:
+    import tarfile
+
+    from sbx.sdk.images import tar_folder
+
+    (tmp_path / "ctx" / "sub").mkdir(parents=True)
+    (tmp_path / "ctx" / "a.txt").write_text("a")
+    (tmp_path / "ctx" / "sub" / "b.txt").write_text("b")
+    (tmp_path / "elsewhere.Dockerfile").write_text("FROM sbx-debian\n")
+    packed = tar_folder(tmp_path / "ctx", extra={".sbx-Dockerfile": tmp_path / "elsewhere.Dockerfile"})
+    with tarfile.open(fileobj=packed) as tf:
+        assert sorted(tf.getnames()) == [".sbx-Dockerfile", "a.txt", "sub", "sub/b.txt"]
+        df = tf.extractfile(".sbx-Dockerfile")
+        assert df is not None and df.read() == b"FROM sbx-debian\n"
+    with pytest.raises(SbxError) as e:
+        tar_folder(tmp_path / "ctx" / "a.txt")
+    assert e.value.code == "bad_context"
