@@ -13,7 +13,8 @@ pkgs=(python3 python3-venv python3-dev ca-certificates git)
 # --dev: PostgreSQL for the tests of the shared store (they start a throwaway cluster; the system one is unused).
 # --dev: Chromium for the console's browser tests (driven headless by Playwright's Python package, which never
 # downloads a browser of its own).
-[ "${1:-}" = "--dev" ] && pkgs+=(postgresql chromium)
+# --dev: the OpenSSH clients (ssh, scp, sftp) the SSH gateway's tests drive.
+[ "${1:-}" = "--dev" ] && pkgs+=(postgresql chromium openssh-client)
 # node and npm build the web console's assets; a host that has them already (any origin) keeps its own
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
