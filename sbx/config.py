@@ -90,6 +90,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 7070
     proxy_port: int = 7080
+    ssh_gateway_port: int = 2222
+    """Port of the SSH gateway (``ssh <sandbox id>@host -p 2222``, :mod:`sbx.api.sshgateway`) on ``host``; 0
+    turns it off. Its host key is made on the first start under ``state_dir/ssh``."""
     egress_proxy_port: int = 7443
     """Port of the node's egress proxy (credential injection, :mod:`sbx.node.network.egressproxy`) on the bridge's
     gateway
@@ -277,6 +280,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_HOST": ("host", str),
     "SBX_PORT": ("port", int),
     "SBX_PROXY_PORT": ("proxy_port", int),
+    "SBX_SSH_GATEWAY_PORT": ("ssh_gateway_port", int),
     "SBX_EGRESS_PROXY_PORT": ("egress_proxy_port", int),
     "SBX_EGRESS_UPSTREAM_CA": ("egress_upstream_ca", str),
     "SBX_BUILD_CA_FILE": ("build_ca_file", str),
