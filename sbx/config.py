@@ -39,10 +39,28 @@ class Size:
         gb = self.disk_mib / 1024
         return int(gb) if gb == int(gb) else round(gb, 3)
 
+    @property
+    def pids_limit(self) -> int:
+        """The sandbox's ``pids.max``: :data:`PIDS_PER_VCPU` tasks per vCPU (small 1024 ... xlarge 8192), so a fork
+        bomb in a small sandbox holds few tasks for the host's scheduler to walk (issue 36: at 8192 tasks one small
+        sandbox pushed a 2-core host's load to 441)."""
+        return PIDS_PER_VCPU * self.vcpus
+
+    @property
+    def cpu_shares(self) -> int:
+        """The sandbox's CPU weight (cgroup v1 ``cpu.shares``): :data:`SHARES_PER_VCPU` per vCPU, so sandboxes
+        that contend for the node's CPUs get time in proportion to their size, on top of each one's CFS quota."""
+        return SHARES_PER_VCPU * self.vcpus
+
     def rank(self) -> int:
         """Position in :data:`SIZE_ORDER`; resizing may only go up."""
         return SIZE_ORDER.index(self.name)
 
+
+PIDS_PER_VCPU = 512
+"""Tasks a sandbox may hold per vCPU of its size (:attr:`Size.pids_limit`)."""
+SHARES_PER_VCPU = 256
+"""CPU weight per vCPU of a size (:attr:`Size.cpu_shares`; 1024, the kernel's default weight, is 4 vCPUs)."""
 
 PRODUCTION_SIZES = {
     "small": Size("small", 2, 4 * 1024, 20 * 1024),

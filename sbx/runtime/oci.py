@@ -86,6 +86,7 @@ class ContainerSpec:
     - ``cgroup_path``: path of the container's cgroup under each controller, e.g. ``/sbx/node0/sb_x``.
     - ``hook_argv``: the command runc runs as a ``prestart`` hook (network wiring) on create and restore.
     - ``pids_limit``: max tasks.
+    - ``cpu_shares``: CPU weight among the node's sandboxes (cgroup v1 ``cpu.shares``; None: the kernel's 1024).
     - ``uid_base``: first host uid/gid of the sandbox's map (0: the identity map of sandboxes made before
       shifted maps).
     - ``lxcfs_dir``: where LXCFS is mounted on the host (``/var/lib/lxcfs``); when set, its per-container
@@ -112,6 +113,7 @@ class ContainerSpec:
     hook_argv: list[str] = field(default_factory=list)
     hook_env: list[str] = field(default_factory=list)
     pids_limit: int = 8192
+    cpu_shares: int | None = None
     lxcfs_dir: str | None = None
     uid_base: int = 0
     mask_dir: str | None = None
@@ -239,7 +241,8 @@ def build_config(spec: ContainerSpec, rootfs: str = "rootfs") -> dict[str, Any]:
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],
                 "memory": {"limit": spec.memory_bytes, "swap": spec.memory_bytes},
-                "cpu": {"quota": spec.vcpus * CFS_PERIOD_US, "period": CFS_PERIOD_US, "cpus": spec.cpuset_cpus},
+                "cpu": {"quota": spec.vcpus * CFS_PERIOD_US, "period": CFS_PERIOD_US, "cpus": spec.cpuset_cpus,
+                        **({"shares": spec.cpu_shares} if spec.cpu_shares else {})},
                 "pids": {"limit": spec.pids_limit},
             },
             "maskedPaths": masked,

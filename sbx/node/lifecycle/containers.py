@@ -93,6 +93,8 @@ class LifecycleMixin(NodeBase):
             vcpus=size.vcpus,
             cpuset_cpus=f"0-{cpus - 1}" if cpus > 1 else "0",
             cgroup_path=self._cgroup_path(sid),
+            pids_limit=size.pids_limit,
+            cpu_shares=size.cpu_shares,
             lxcfs_dir=str(lxcfs_dir) if lxcfs_dir else None,
             uid_base=rec.get("uidBase", 0),
             mask_dir=str(_mask_dir(self.run_dir)),
