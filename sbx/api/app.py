@@ -35,6 +35,7 @@ Endpoints::
     ...    /v1/sandboxes/{id}/routes, /files, /pty        hosted ports, files, terminals: see sbx.api.sandbox_io
     GET    /v1/snapshots                               all snapshots          200 {"snapshots": [...]}
     ...    /v1/secrets, /v1/sandboxes/{id}/secrets      credential proxy: see sbx.api.secrets_api
+    ...    /v1/ssh-keys                                 SSH gateway keys: see sbx.api.sshkeys_api
     ...    /v1/nodes, /v1/consolidation                 nodes, drains (admin): see sbx.api.nodes_api
     DELETE /v1/snapshots/{name}                        delete a snapshot      200 {"deleted": name}
     ...    /e2b/..., and any request with E2b-Sandbox-Id  E2B's own SDK: see sbx.api.e2b
@@ -62,7 +63,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from sbx import __version__ as sbx_version
-from sbx.api import account_routes, console, errors, images_api, nodes_api, observe, sandbox_io, secrets_api
+from sbx.api import (
+    account_routes,
+    console,
+    errors,
+    images_api,
+    nodes_api,
+    observe,
+    sandbox_io,
+    secrets_api,
+    sshkeys_api,
+)
 from sbx.api import schemas as S
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
 from sbx.api.e2b.mount import mount as mount_e2b
@@ -128,6 +139,7 @@ def create_app(
     reaper_tick: float = 5.0,
     wait: float = DEFAULT_WAIT,
     serve_proxy: bool = False,
+    serve_ssh: bool = False,
 ) -> FastAPI:
     """Build the API for ``node`` with ``settings``.
 
@@ -135,6 +147,8 @@ def create_app(
     plane (default: a new one on ``settings.db_url``). ``reaper_tick``: seconds between TTL/auto-snapshot passes.
     ``wait``: seconds a conflicting request waits for an operation in flight before ``409 busy``.
     ``serve_proxy``: also listen for hosted-port traffic on ``settings.proxy_port`` (:mod:`sbx.api.proxy`).
+    ``serve_ssh``: also run the SSH gateway on ``settings.ssh_gateway_port`` unless it is 0 (:mod:`sbx.api.sshgateway`;
+    a port that can't be bound is logged, the rest of the server runs).
     Starting the app (its lifespan) reconciles with the node and starts the reaper, the consolidation loop
     (:mod:`sbx.control.cluster.consolidate`), the seal replicator (:mod:`sbx.control.cluster.replicas`) and the proxy;
     stopping
@@ -158,9 +172,21 @@ def create_app(
 
             proxy = Proxy(cp, settings)
             await proxy.start()
+        gateway = None
+        if serve_ssh and settings.ssh_gateway_port:
+            from sbx.api.sshgateway import SshGateway
+
+            gateway = SshGateway(cp, settings)
+            try:
+                await gateway.start()
+            except OSError as e:
+                log.error("the SSH gateway cannot listen on %s:%s: %s", settings.host, settings.ssh_gateway_port, e)
+                gateway = None
         try:
             yield
         finally:
+            if gateway is not None:
+                await gateway.close()
             if proxy is not None:
                 await proxy.close()
             replicator.stop()
@@ -398,6 +424,7 @@ def create_app(
     sandbox_io.register(app, v1, cp)
     account_routes.register(v1, cp)
     secrets_api.register(v1, cp)
+    sshkeys_api.register(v1, cp)
     images_api.register(v1, cp)
     nodes_api.register(v1, cp, consolidator)
     console.register(app)

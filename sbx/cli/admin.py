@@ -95,8 +95,8 @@ def server(
     log_format: str = typer.Option(None, "--log-format", help="text (default) or json: one JSON object per line "
                                    "with the sandbox and request ids (default from SBX_LOG_FORMAT)."),
 ) -> None:
-    """Run the sbx server: HTTP API, hosted-port proxy, control plane and this machine's node, in one process
-    (SIGTERM stops it). With ``SBX_NODE_URL`` (and ``SBX_NODE_TOKEN``) the node is that node agent instead."""
+    """Run the sbx server: HTTP API, hosted-port proxy, SSH gateway, control plane and this machine's node, in one
+    process (SIGTERM stops it). With ``SBX_NODE_URL`` (and ``SBX_NODE_TOKEN``) the node is that node agent instead."""
     import uvicorn
 
     from sbx import logs
@@ -132,8 +132,9 @@ def server(
         node.prepare(progress=_progress)
     except Exception as e:  # host checks, volume, image, network: report, don't trace
         raise _host_failure(e) from None
-    app = create_app(settings, node, token=token, serve_proxy=True)
-    err.print(f"sbx server on {settings.api_url}, hosted ports on {settings.host}:{settings.proxy_port} "
+    app = create_app(settings, node, token=token, serve_proxy=True, serve_ssh=True)
+    ssh = f", SSH gateway on {settings.host}:{settings.ssh_gateway_port}" if settings.ssh_gateway_port else ""
+    err.print(f"sbx server on {settings.api_url}, hosted ports on {settings.host}:{settings.proxy_port}{ssh} "
               f"(client config: {config_path()})", markup=False)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
                             log_config=logs.uvicorn_log_config(settings.log_format),

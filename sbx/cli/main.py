@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import typer
 
-from sbx.cli import accounts, admin, exec, files, fork, images, lifecycle, nodes, ports, secrets, ssh
+from sbx.cli import accounts, admin, exec, files, fork, images, lifecycle, nodes, ports, secrets, ssh, sshkeys
 
 app = typer.Typer(
     name="sbx",
@@ -53,6 +53,7 @@ app.command("host", rich_help_panel="Ports")(ports.host)
 app.command("unhost", rich_help_panel="Ports")(ports.unhost)
 
 app.add_typer(secrets.app, name="secret", rich_help_panel="Secrets")
+app.add_typer(sshkeys.app, name="ssh-key", rich_help_panel="Commands")
 app.add_typer(images.app, name="image", rich_help_panel="Images")
 
 app.command("fork", rich_help_panel="Copies")(fork.fork)

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import Boolean, DateTime, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from sbx.control.accounts.sshkeys import SshKeyRow
 from sbx.control.errors import ControlError, not_found
 from sbx.control.store.database import Base, Store, as_utc, iso, utcnow
 from sbx.control.store.ids import new_id
@@ -220,8 +221,8 @@ class Accounts:
 
     def set_state(self, account_id: str, state: str, allowed_from: tuple[str, ...]) -> tuple[AccountRow, str]:
         """Move the account to ``state`` when it is in one of ``allowed_from`` (or already there: nothing
-        changes); returns ``(row, the state it was in)``. Entering ``deleting`` removes its keys in the same
-        transaction, so they answer 401 from then on. Raises 404, 403 ``protected_account`` (the first account),
+        changes); returns ``(row, the state it was in)``. Entering ``deleting`` removes its keys (API and SSH) in the
+        same transaction, so they answer 401 from then on. Raises 404, 403 ``protected_account`` (the first account),
         409 ``account_deleted`` (from another state)."""
         if state not in ACCOUNT_STATES:
             raise ValueError(state)
@@ -239,6 +240,7 @@ class Accounts:
                 row.state, row.state_changed_at = state, utcnow()
             if state == "deleting":
                 s.execute(delete(ApiKeyRow).where(ApiKeyRow.account_id == account_id))
+                s.execute(delete(SshKeyRow).where(SshKeyRow.account_id == account_id))  # the SSH gateway's too
         return row, old
 
     def list_in_state(self, state: str) -> list[AccountRow]:
