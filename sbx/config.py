@@ -57,6 +57,10 @@ class Size:
         return SIZE_ORDER.index(self.name)
 
 
+RUNTIME_CLASSES = ("container", "gvisor")
+"""The runtime classes a sandbox can have: ``container`` (runc + CRIU: the host's kernel behind seccomp and a
+shifted uid map) and ``gvisor`` (runsc: gVisor's own kernel; :mod:`sbx.runtime.runsc`)."""
+
 PIDS_PER_VCPU = 512
 """Tasks a sandbox may hold per vCPU of its size (:attr:`Size.pids_limit`)."""
 SHARES_PER_VCPU = 256
@@ -153,8 +157,12 @@ class Settings:
     (:func:`sbx.storage.volume.trim_volume`); deletes also ask for one. 0 = only after deletes."""
     plans: dict[str, dict[str, object]] = field(default_factory=dict)
     """Plan table (issue 12), TOML ``[plans.<name>]`` with ``price_usd_month``, ``sizes`` (list), ``starts_per_hour``,
-    ``running`` (concurrently running sandboxes), ``storage_gib`` (included storage); 0 = no limit. Merged over the
-    seed defaults in :data:`sbx.control.accounts.plans.DEFAULT_PLANS`."""
+    ``running`` (concurrently running sandboxes), ``storage_gib`` (included storage); 0 = no limit; ``runtimes``
+    (list of :data:`RUNTIME_CLASSES` its accounts may run; ``["gvisor"]`` requires the hardened class). Merged over
+    the seed defaults in :data:`sbx.control.accounts.plans.DEFAULT_PLANS`."""
+    default_runtime: str = "container"
+    """The runtime class of a sandbox created without one (one of :data:`RUNTIME_CLASSES`; an account whose plan
+    does not allow it gets its plan's first class). Another value stops the server at start."""
     pricing: dict[str, object] = field(default_factory=dict)
     """Price model (issue 12), TOML ``[pricing]``: ``model`` ``"size"`` (per-size hourly prices, ``hourly.<size>``)
     or ``"memory"`` (``memory_gib_hour`` per GiB-hour of the size's memory, ``storage_gib_month`` per stored
@@ -294,6 +302,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_SUBNET": ("subnet", str),
     "SBX_EGRESS_ALLOW": ("egress_allow", str),
     "SBX_DATABASE_URL": ("database_url", str),
+    "SBX_DEFAULT_RUNTIME": ("default_runtime", str),
     "SBX_DOMAIN": ("domain", str),
     "SBX_HOST": ("host", str),
     "SBX_PORT": ("port", int),
@@ -366,6 +375,9 @@ def load_settings(**overrides: object) -> Settings:
                 raise ValueError(f"{env}={os.environ[env]!r} is not a valid {kind_name}") from None
     values.update(overrides)
     settings = Settings(**values)  # type: ignore[arg-type]
+    if settings.default_runtime not in RUNTIME_CLASSES:
+        raise ValueError(f"default_runtime (SBX_DEFAULT_RUNTIME) {settings.default_runtime!r} is not one of "
+                         f"{', '.join(RUNTIME_CLASSES)}")
     if settings.profile == "test":
         settings = replace(settings, sizes=dict(TEST_SIZES))
     return settings

@@ -67,7 +67,7 @@ class KeyList(Out):
 
 class Plan(Out):
     """A plan: ``sizes`` it runs, ``startsPerHour`` (create, resume, fork), ``running`` at once, ``storageGiB``
-    included (0 = no limit), ``priceUsdMonth``."""
+    included (0 = no limit), ``priceUsdMonth``, the ``runtimes`` (classes) its sandboxes may have."""
 
     name: str
     priceUsdMonth: float
@@ -75,6 +75,7 @@ class Plan(Out):
     startsPerHour: int
     running: int
     storageGiB: float
+    runtimes: list[str]
 
 
 class PlanList(Out):

@@ -198,6 +198,7 @@ def plan(json_: bool = JSON_OPT) -> None:
         ("account", data["account"]["name"], data["account"]["id"]),
         ("plan", f"{p['name']} (${p['priceUsdMonth']:g}/month)", ""),
         ("sizes", ", ".join(p["sizes"]), ""),
+        ("runtimes", ", ".join(p.get("runtimes") or ()), ""),
         ("starts per hour", _limit(p["startsPerHour"]), str(used["startsLastHour"])),
         ("running at once", _limit(p["running"]), str(used["running"])),
         ("included storage GiB", _limit(p["storageGiB"]), f"{used['storedGiB']:.3f}"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from sbx.config import RUNTIME_CLASSES as CONFIG_RUNTIME_CLASSES
 from sbx.config import Size
 
 
@@ -54,8 +55,8 @@ class SandboxSpec:
     runtime: str = "container"
 
 
-#: The runtime classes a sandbox can have (:attr:`SandboxSpec.runtime`); the first is the default.
-RUNTIME_CLASSES = ("container", "gvisor")
+RUNTIME_CLASSES = CONFIG_RUNTIME_CLASSES
+"""The runtime classes a sandbox can have (:attr:`SandboxSpec.runtime`, :data:`sbx.config.RUNTIME_CLASSES`)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sbx import metrics
-from sbx.config import Settings, Size
+from sbx.config import RUNTIME_CLASSES, Settings, Size
 from sbx.control.accounts import plans
 from sbx.control.accounts.keys import Accounts
 from sbx.control.accounts.metering import Meter
@@ -95,8 +95,9 @@ class Admission:
             raise
 
     def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None,
-                    count: bool = True) -> None:
-        """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``) with 403 ``plan_limit``
+                    count: bool = True, runtime: str | None = None) -> None:
+        """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``, of runtime class
+        ``runtime``, None: the container class) with 403 ``plan_limit``
         when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`), 403 ``account_suspended``
         / 409 ``account_deleted`` when the account has ended (:meth:`Accounts.require_active`); else count the start.
         The caller holds ``self.lifecycle.cond``, so two starts never both pass the last free place (nor one an
@@ -107,11 +108,18 @@ class Admission:
         running = sum(1 for r in self.store.list_sandboxes(account_id=account_id)
                       if r.state in busy and r.id != sandbox_id)
         try:  # (count: as for _place)
-            plans.check(self.plans, plan, size.name, self.meter.starts_since(account_id), running, what)
+            plans.check(self.plans, plan, size.name, self.meter.starts_since(account_id), running, what,
+                        runtime or RUNTIME_CLASSES[0])
         except ControlError as err:
             if count:
                 refused(err)
             raise
+
+    def _default_runtime(self, account_id: str) -> str:
+        """The runtime class of a sandbox the account creates without naming one: the server's
+        ``default_runtime`` when the account's plan allows it, else the plan's first class."""
+        plan = self.plans.get(self.accounts.get_account(account_id).plan) or self.plans["trial"]
+        return plan.default_runtime(self.settings.default_runtime)
 
     def _storage_admit(self, account_id: str, what: str) -> None:
         """403 ``plan_limit`` (limit ``storage_gib``) when the account's stored GiB have reached its plan's

@@ -76,7 +76,9 @@ class LifecycleOps(ForkOps):
         ``egress_proxy_unavailable`` (nothing is created); 400 ``invalid_image_name``, 404 ``image_not_found``, 400
         ``invalid_image`` (both ``image`` and ``from_snapshot``), 400 ``image_too_large`` (the image's file is larger
         than the size's disk); 400 ``invalid_runtime`` (not one of :data:`sbx.node.types.RUNTIME_CLASSES`). ``runtime``:
-        the sandbox's runtime class (None: that of the snapshot's sandbox, else ``container``)."""
+        the sandbox's runtime class (None: that of the snapshot's sandbox, else the server's ``default_runtime`` when
+        the account's plan allows it, else the plan's first class; 403 ``plan_limit`` for a class the plan does not
+        allow)."""
         size = self._size(type)
         if runtime is not None and runtime not in RUNTIME_CLASSES:
             raise ControlError("invalid_runtime", f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CLASSES)}",
@@ -97,7 +99,7 @@ class LifecycleOps(ForkOps):
         image_fields = _image_fields(self, img_row, snap)
         if runtime is None:  # a snapshot's sandbox keeps its class
             source = self.store.get_sandbox(snap.sandbox_id) if snap is not None else None
-            runtime = source.runtime if source is not None and source.runtime else RUNTIME_CLASSES[0]
+            runtime = source.runtime if source is not None and source.runtime else self._default_runtime(account_id)
         only: str | None = None
         what_new = f"a new {size.name} sandbox"
         if img_row is not None and len(self.router.agents()) > 1:
@@ -113,7 +115,7 @@ class LifecycleOps(ForkOps):
                 else None)  # warm ones: the container class's (of the default image or the user image's own pool)
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
-            self._plan_admit(account_id, size, "create", what)
+            self._plan_admit(account_id, size, "create", what, runtime=runtime)
             node = self._place(size, what, only=only, among=proxied)
             row = self._add_new_row(
                 "provisioning", size, name, DEFAULT_TTL if ttl is None else ttl, dict(env or {}),
@@ -243,7 +245,7 @@ class LifecycleOps(ForkOps):
             flags["resize"] = self._resume_check(row, size, require_memory)
             target = size or self._size(row.type)
             what = f"resuming {row.id} as {target.name}"
-            self._plan_admit(row.account_id, target, "resume", what, row.id)
+            self._plan_admit(row.account_id, target, "resume", what, row.id, runtime=row.runtime)
             # its own node, or another with room (sbx.control.sandboxes.moving); None: wait for a matching node
             flags["place"] = place = self._resume_place(row, target, flags["resize"], require_memory)
             if place is not None and place.moves:
@@ -349,7 +351,7 @@ class LifecycleOps(ForkOps):
         try:
             with self.lifecycle.cond:
                 what = f"a {size.name} fork of {source_id}"
-                self._plan_admit(source.account_id, size, "fork", what)
+                self._plan_admit(source.account_id, size, "fork", what, runtime=source.runtime)
                 # the source's node (a reflink copy) unless it is full or cordoned (sbx.control.sandboxes.forking)
                 home = source.node or self.router.default_name
                 node = self._fork_place(size, what, home, memory).node

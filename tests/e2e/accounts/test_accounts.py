@@ -31,7 +31,8 @@ TRIAL_STARTS = 3
 def fs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultServer]:
     tmp = tmp_path_factory.mktemp("sbx-acct")
     config = tmp / "server.toml"
-    config.write_text(f"[plans.trial]\nstarts_per_hour = {TRIAL_STARTS}\n")
+    config.write_text(f"[plans.trial]\nstarts_per_hour = {TRIAL_STARTS}\n"
+                      '[plans.hardened]\nprice_usd_month = 50\nsizes = ["small"]\nruntimes = ["gvisor"]\n')
     f = FaultServer(tmp, prefix="SBX_ACCT", node="acct", bridge="sbxacct0", subnet="10.84.0.0/16",
                     SBX_CONFIG=str(config))
     f.start()
@@ -244,3 +245,19 @@ def test_sigkill_during_a_stop_loses_and_double_counts_nothing(fs: FaultServer, 
         time.sleep(1.5)
         assert _sandbox_usage(fs, alice, sid)["runningSeconds"] == metered
     ok(fs, alice, "delete", sid, "--wait")
+
+
+def test_a_plan_that_requires_the_hardened_class_runs_gvisor_sandboxes(fs: FaultServer) -> None:
+    """Issue 33: a plan with ``runtimes = ["gvisor"]`` gives its accounts gVisor sandboxes without asking, and
+    refuses the container class by name (403 plan_limit, nothing made)."""
+    _, key = account(fs, "hannah", "hardened")
+    sid = ok(fs, key, "new", "--type", "small").strip()
+    try:
+        assert json.loads(ok(fs, key, "info", sid, "--json"))["sandbox"]["runtime"] == "gvisor"
+        assert "gVisor" in ok(fs, key, "exec", sid, "-u", "root", "dmesg | head -n 3")  # its own kernel
+        r = cli(fs, key, "new", "--type", "small", "--runtime", "container")
+        assert r.returncode != 0 and "plan_limit" in r.stderr and "container runtime class" in r.stderr, r.stderr
+        assert [s["id"] for s in json.loads(ok(fs, key, "list", "--json"))["sandboxes"]] == [sid]
+        assert json.loads(ok(fs, key, "plan", "--json"))["plan"]["runtimes"] == ["gvisor"]
+    finally:
+        ok(fs, key, "delete", sid, "--wait")

@@ -82,3 +82,55 @@ def test_fork_with_memory_and_migration_of_a_gvisor_sandbox_are_409(api: Api) ->
     r = api.post(f"/v1/sandboxes/{sid}/migrate", json={})
     assert _err(r) == (409, "not_supported") and "gvisor" in r.json()["error"]["message"]
     assert api.sandbox(sid)["state"] == "running"
+
+
+def _plan_account(api: Api, plan: str) -> dict[str, str]:
+    r = api.post("/v1/accounts", json={"name": f"on-{plan}", "plan": plan})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['key']['token']}"}
+
+
+def _ids(api: Api, h: dict[str, str]) -> list[str]:
+    return [s["id"] for s in api.c.get("/v1/sandboxes", headers=h).json()["sandboxes"]]
+
+
+HARDENED = {"hardened": {"price_usd_month": 50, "sizes": ["small", "default"], "runtimes": ["gvisor"]}}
+
+
+def test_a_plan_can_require_the_hardened_class(tmp_path: Path) -> None:
+    for api in make_api(tmp_path, settings={"plans": HARDENED}):
+        h = _plan_account(api, "hardened")
+        r = api.c.post("/v1/sandboxes", json={"type": "small"}, headers=h)
+        assert r.status_code in (200, 201, 202), r.text
+        assert r.json()["sandbox"]["runtime"] == "gvisor"  # the plan's class when none is named
+        before = _ids(api, h)
+        r = api.c.post("/v1/sandboxes", json={"type": "small", "runtime": "container"}, headers=h)
+        assert r.status_code == 403, r.text
+        err = r.json()["error"]
+        assert (err["code"], err["limit"], err["plan"], err["upgrade"]) == ("plan_limit", "runtime", "hardened",
+                                                                            "trial")
+        assert "container runtime class is not included" in err["message"]
+        assert _ids(api, h) == before  # nothing was made
+        plan = api.c.get("/v1/account", headers=h).json()["plan"]
+        assert plan["runtimes"] == ["gvisor"]
+        # an account of another plan keeps the server's default
+        assert api.new()["runtime"] == "container"
+
+
+def test_the_server_default_class(tmp_path: Path) -> None:
+    for api in make_api(tmp_path, settings={"default_runtime": "gvisor"}):
+        assert api.new()["runtime"] == "gvisor"
+        assert api.new(runtime="container")["runtime"] == "container"
+
+
+def test_bad_class_settings_stop_the_server_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sbx.config import load_settings
+    from sbx.control.accounts.plans import load_plans
+
+    monkeypatch.setenv("SBX_DEFAULT_RUNTIME", "kvm")
+    with pytest.raises(ValueError, match="default_runtime"):
+        load_settings(state_dir=tmp_path)
+    with pytest.raises(ValueError, match="runtimes"):
+        load_plans({"odd": {"runtimes": ["kvm"]}})
+    with pytest.raises(ValueError, match="runtimes"):
+        load_plans({"none": {"runtimes": []}})
