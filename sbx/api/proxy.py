@@ -3,7 +3,8 @@
 ``Host: <port>-<subdomain>.<domain>`` reaches ``<port>`` of the sandbox with that subdomain, at its address on the
 node's bridge, when the sandbox has a route for that port (:mod:`sbx.control.sandboxes.routes`). E2B's SDK's name
 of the same port, ``<port>-<E2B sandboxID>.<domain>`` (``Sandbox.get_host``), is another name of that route
-(:func:`sbx.api.e2b.hosts.native_host`). In production a TLS
+(:func:`sbx.api.e2b.hosts.native_host`); for a sandbox made through E2B's API it also reaches its ports no route
+hosts, as E2B does (:func:`sbx.api.e2b.hosts.unhosted_route`). In production a TLS
 terminator for ``*.<domain>`` forwards to this listener.
 
 Per connection the proxy reads one request head (parsed with h11), decides, then pipes bytes both ways, so bodies
@@ -37,10 +38,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import h11
 
-from sbx.api.e2b.hosts import native_host
+from sbx.api.e2b.hosts import TRAFFIC_HEADER, native_host, unhosted_route
 from sbx.api.sessions import SESSION_COOKIE
 from sbx.config import Settings
 from sbx.control.errors import ControlError
+from sbx.control.sandboxes.routes import Resolved
 from sbx.control.service import ControlPlane
 from sbx.node.remote.relay import open_relay
 from sbx.node.types import NodeError
@@ -65,6 +67,12 @@ def _error(status: int, code: str, message: str, state: str | None = None, extra
               502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
             "connection: close\r\n").encode() + extra + b"\r\n" + data
+
+
+def _unhosted(cp: ControlPlane, host: str) -> Resolved | None:
+    made = unhosted_route(cp, host)
+    row = cp.store.get_sandbox(made[1].sandbox_id) if made is not None else None
+    return Resolved(row, made[1]) if made is not None and row is not None else None
 
 
 def _strip_token(target: bytes) -> tuple[bytes, str | None]:
@@ -188,6 +196,8 @@ class Proxy:
         # E2B's name of a port (sbx.api.e2b.hosts) is another name of the same route: same checks, same tokens
         name = await asyncio.to_thread(native_host, cp, host) or host
         found = await asyncio.to_thread(cp.routes.resolve, name)
+        if found is None:  # E2B's name of a port of a sandbox made through E2B's API: E2B's rule (sbx.api.e2b.hosts)
+            found = await asyncio.to_thread(_unhosted, cp, host)
         if found is None:
             if await asyncio.to_thread(cp.routes.account_ended, name):  # issue 36: its tokens open nothing now
                 writer.write(_error(401, "unauthorized", "the account of this hosted port was deleted; its port "
@@ -201,7 +211,7 @@ class Proxy:
 
         target, query_token = _strip_token(req.target)
         cookie_values, cookie_token = _split_cookies([v for k, v in headers if k == b"cookie"])
-        header_token = next((v.decode("latin-1") for k, v in headers if k == TOKEN_HEADER), None)
+        header_token = next((v.decode("latin-1") for k, v in headers if k in (TOKEN_HEADER, TRAFFIC_HEADER)), None)
         set_cookie: list[bytes] = []
         if not route.public:
             given = [t for t in (header_token, query_token, cookie_token) if t]
@@ -263,7 +273,7 @@ class Proxy:
         out = [req.method + b" " + target + b" HTTP/1.1"]
         for k, v in req.headers.raw_items():
             lk = k.lower()
-            if lk in (TOKEN_HEADER, b"cookie") or lk.startswith(b"x-forwarded-"):
+            if lk in (TOKEN_HEADER, TRAFFIC_HEADER, b"cookie") or lk.startswith(b"x-forwarded-"):
                 continue
             if not upgrade and lk in _HOP:
                 continue

@@ -31,6 +31,14 @@ log = logging.getLogger("sbx.api.e2b")
 ON_TIMEOUT = "e2b.on-timeout"
 """The label of a sandbox killed at its timeout (value ``kill``)."""
 KILL = "kill"
+PORTS = "e2b.ports"
+"""The label of a sandbox created through E2B's API: how ``<port>-<sandboxID>.<domain>`` reaches its ports that
+no route hosts (:mod:`sbx.api.e2b.hosts`): :data:`PUBLIC` (E2B's default) or :data:`TRAFFIC_TOKEN`
+(``network.allowPublicTraffic`` false: with the sandbox's ``trafficAccessToken``)."""
+PUBLIC = "public"
+TRAFFIC_TOKEN = "traffic-token"
+OWN_LABELS = (ON_TIMEOUT, PORTS)
+"""Labels the E2B layer sets and E2B's ``metadata`` does not show."""
 TICK = 2.0
 """Seconds between two sweeps."""
 
@@ -41,8 +49,8 @@ def kills_on_timeout(row: SandboxRow) -> bool:
 
 
 def metadata(row: SandboxRow) -> dict[str, str]:
-    """E2B's ``metadata`` of the sandbox: its labels without :data:`ON_TIMEOUT`."""
-    return {k: v for k, v in (row.labels or {}).items() if k != ON_TIMEOUT}
+    """E2B's ``metadata`` of the sandbox: its labels without the E2B layer's own (:data:`OWN_LABELS`)."""
+    return {k: v for k, v in (row.labels or {}).items() if k not in OWN_LABELS}
 
 
 def sweep(cp: ControlPlane) -> list[str]:

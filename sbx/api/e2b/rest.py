@@ -49,7 +49,7 @@ from pydantic import ValidationError
 import sbx.api.e2b.lifecycle as lifecycle
 from sbx.api.auth import check_sandbox, client_address
 from sbx.api.e2b.pool import Pool
-from sbx.api.e2b.tokens import access_token
+from sbx.api.e2b.tokens import access_token, traffic_token
 from sbx.api.errors import validation_error
 from sbx.api.models import CreateSandbox
 from sbx.control.accounts.keys import Principal
@@ -118,10 +118,14 @@ class Api:
         return size.vcpus, int(size.memory_gb * 1024), int(size.disk_gb * 1024)
 
     def sandbox(self, row: SandboxRow) -> dict[str, Any]:
-        """E2B's ``Sandbox`` (the create and connect answer)."""
-        return {"templateID": self.template_of(row), "sandboxID": row.id, "clientID": CLIENT_ID,
-                "envdVersion": ENVD_VERSION, "envdAccessToken": access_token(self.secret, row.id), "domain": None,
-                "alias": self.template_of(row)}
+        """E2B's ``Sandbox`` (the create and connect answer); ``trafficAccessToken`` for a sandbox whose ports are
+        not public."""
+        out = {"templateID": self.template_of(row), "sandboxID": row.id, "clientID": CLIENT_ID,
+               "envdVersion": ENVD_VERSION, "envdAccessToken": access_token(self.secret, row.id), "domain": None,
+               "alias": self.template_of(row)}
+        if (row.labels or {}).get(lifecycle.PORTS) == lifecycle.TRAFFIC_TOKEN:
+            out["trafficAccessToken"] = traffic_token(self.secret, row.id)
+        return out
 
     def listed(self, row: SandboxRow) -> dict[str, Any]:
         """E2B's ``ListedSandbox``."""
@@ -180,9 +184,10 @@ class Api:
         timeout = body.get("timeout", DEFAULT_TIMEOUT)
         if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
             raise E2BError(400, "timeout must be a whole number of seconds >= 0")
-        for name in ("network", "mcp", "volumeMounts", "iam"):
+        for name in ("mcp", "volumeMounts", "iam"):
             if body.get(name):
                 raise E2BError(400, f"{name} is not supported by sbx")
+        public = _public_traffic(body.get("network"))
         if body.get("allow_internet_access") is False:
             raise E2BError(400, "allow_internet_access=false is not supported by sbx")
         auto_resume = body.get("autoResume") or {}
@@ -192,10 +197,13 @@ class Api:
         if not isinstance(auto_pause, bool):
             raise E2BError(400, "autoPause must be true or false")
         labels = body.get("metadata") or None
-        if isinstance(labels, dict) and lifecycle.ON_TIMEOUT in labels:
-            raise E2BError(400, f"metadata key {lifecycle.ON_TIMEOUT} is sbx's own (autoPause false sets it)")
+        own = [k for k in lifecycle.OWN_LABELS if isinstance(labels, dict) and k in labels]
+        if own:
+            raise E2BError(400, f"metadata key {own[0]} is sbx's own (autoPause and network set it)")
         if not auto_pause:  # killed at the timeout, as on E2B (lifecycle.TimeoutKills)
             labels = {**(labels if isinstance(labels, dict) else {}), lifecycle.ON_TIMEOUT: lifecycle.KILL}
+        if labels is None or isinstance(labels, dict):  # (anything else: the validation below says what is wrong)
+            labels = {**(labels or {}), lifecycle.PORTS: lifecycle.PUBLIC if public else lifecycle.TRAFFIC_TOKEN}
         try:
             spec = CreateSandbox.model_validate({
                 "type": size, "ttl": timeout, "env": body.get("envVars") or None,
@@ -338,3 +346,20 @@ class Api:
                         "memTotal": x.memory_total_mb << 20, "memCache": 0, "diskUsed": 0,
                         "diskTotal": disk << 20})
         return out
+
+
+def _public_traffic(network: Any) -> bool:
+    """Whether E2B's ``network`` leaves the sandbox's ports public (``allowPublicTraffic``, default true); 400 for
+    a ``network`` that is not an object, or that sets anything else (egress rules per sandbox are not E2B's on
+    sbx: the node's egress policy and the credential proxy apply)."""
+    if network is None:
+        return True
+    if not isinstance(network, dict):
+        raise E2BError(400, "network must be an object")
+    for key, value in network.items():
+        if key != "allowPublicTraffic" and value not in (None, [], {}, False):
+            raise E2BError(400, f"network.{key} is not supported by sbx")
+    public = network.get("allowPublicTraffic", True)
+    if not isinstance(public, bool):
+        raise E2BError(400, "network.allowPublicTraffic must be true or false")
+    return public

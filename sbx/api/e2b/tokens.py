@@ -1,5 +1,6 @@
 """The ``envdAccessToken`` of a sandbox: what the REST API hands the account that owns it, and what the envd side
-(:mod:`sbx.api.e2b.envd`) then asks for in ``X-Access-Token``.
+(:mod:`sbx.api.e2b.envd`) then asks for in ``X-Access-Token``; and the ``trafficAccessToken`` of a sandbox whose
+ports are not public (:mod:`sbx.api.e2b.hosts`), asked for in ``E2B-Traffic-Access-Token``.
 
 A token is ``HMAC-SHA256(secret, sandbox id)`` in hex, so nothing per sandbox is stored; the secret is made once
 per installation in ``<state_dir>/e2b-secret`` (mode 0600) and read at start. Replicas of one installation must
@@ -36,3 +37,8 @@ def load_secret(state_dir: Path) -> bytes:
 def access_token(secret: bytes, sandbox_id: str) -> str:
     """The access token of sandbox ``sandbox_id`` (64 hex characters)."""
     return hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()
+
+
+def traffic_token(secret: bytes, sandbox_id: str) -> str:
+    """The ``trafficAccessToken`` of sandbox ``sandbox_id`` (64 hex characters, never its access token)."""
+    return hmac.new(secret, b"traffic:" + sandbox_id.encode(), hashlib.sha256).hexdigest()

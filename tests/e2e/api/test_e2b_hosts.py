@@ -1,7 +1,9 @@
 """Issue 31 end to end: ``Sandbox.get_host(port)`` of E2B's own SDK (``<port>-<sandboxID>.<E2B_DOMAIN>``) reaches a
 server started in the sandbox through the SDK, on sbx's hosted-port proxy, with ``E2B_DOMAIN=sbx.localhost:<proxy
-port>`` as on one machine; and it reaches no more than the sandbox's own hosted-port name does: nothing before the
-port is hosted, a private port only with its token, never with another account's key or the sandbox's envd token."""
+port>`` as on one machine. As on E2B, every port of a sandbox made through E2B's API is public under that name by
+default, and with ``network.allowPublicTraffic`` false reachable only with the sandbox's ``trafficAccessToken`` (never
+with its envd token or another account's key); sbx's own name of the port still needs it hosted, and a port hosted
+with sbx's routes keeps its route's rule under either name."""
 
 from __future__ import annotations
 
@@ -64,8 +66,14 @@ def test_get_host_reaches_a_server_started_through_the_sdk_as_the_hosted_port_al
         host = sbx.get_host(8000)
         assert host == f"8000-{sid}.sbx.localhost:{server.proxy_port}"
 
-        # a port nobody hosted is not reachable under either name
-        assert _get(host).status_code == 404
+        # E2B's default: public under E2B's name, hosted or not; sbx's own name needs the port hosted
+        served = _until_served(host, {})
+        assert served.status_code == 200 and served.text == "hello through get_host\n"
+        subdomain = httpx.get(f"{server.url}/v1/sandboxes/{sid}", headers=native).json()["sandbox"]["subdomain"]
+        assert _get(f"8000-{subdomain}.sbx.localhost:{server.proxy_port}").status_code == 404
+        unserved = _get(sbx.get_host(8001))  # nothing listens there
+        assert unserved.status_code == 502 and unserved.json()["error"]["code"] == "upstream_unreachable"
+        assert sbx.get_info().metadata == {}  # the ports label is sbx's own
 
         r = httpx.post(f"{server.url}/v1/sandboxes/{sid}/routes", json={"port": 8000}, headers=native)
         assert r.status_code in (200, 201), r.text
@@ -90,7 +98,30 @@ def test_get_host_reaches_a_server_started_through_the_sdk_as_the_hosted_port_al
                        headers=native)
         assert r.status_code in (200, 201), r.text
         assert _get(host).text == "hello through get_host\n"  # public now: no token needed
-        assert _get(sbx.get_host(8001)).status_code == 404  # only the hosted port
     finally:
         sbx.kill()
     assert _get(host).status_code == 404
+
+
+def test_without_public_traffic_ports_need_the_traffic_token(e2b_domain: Server) -> None:
+    from e2b import Sandbox
+
+    server = e2b_domain
+    sbx = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
+    try:
+        token = sbx.traffic_access_token
+        assert token and token != sbx._envd_access_token
+        sbx.commands.run("mkdir -p ~/s && echo private > ~/s/index.html && cd ~/s && python3 -m http.server 8000",
+                         background=True)
+        host = sbx.get_host(8000)
+        assert _until_served(host, {"E2B-Traffic-Access-Token": token}).text == "private\n"
+        wrong = token[:-1] + ("1" if token.endswith("0") else "0")
+        for refused in ({}, {"E2B-Traffic-Access-Token": sbx._envd_access_token or "x"},
+                        {"E2B-Traffic-Access-Token": _second_key(server)}, {"X-Sbx-Token": wrong}):
+            r = _get(host, refused)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", (refused, r.text)
+        assert Sandbox.connect(sbx.sandbox_id).traffic_access_token == token  # connect answers it again
+    finally:
+        sbx.kill()
+    assert _get(host, {"E2B-Traffic-Access-Token": token}).status_code == 404
+

@@ -30,7 +30,8 @@ def test_create_answers_201_with_a_running_sandbox_and_its_access_token(api: Api
     secret = (api.control.settings.state_dir / "e2b-secret").read_bytes().strip()
     assert made["envdAccessToken"] == access_token(secret, sid)
     row = api.control.get(sid)
-    assert (row.state, row.ttl, row.labels, row.env, row.auto_resume) == ("running", 120, {"team": "ml"},
+    assert (row.state, row.ttl, row.labels, row.env, row.auto_resume) == ("running", 120, {"team": "ml",
+                                                                                          "e2b.ports": "public"},
                                                                           {"FOO": "bar"}, True)
     got = api.c.get(f"/e2b/sandboxes/{sid}", headers=h()).json()
     assert got["state"] == "running" and got["metadata"] == {"team": "ml"} and got["cpuCount"] > 0
@@ -110,6 +111,9 @@ def test_another_accounts_key_sees_and_touches_nothing(api: Api) -> None:
     ("POST", "/v2/sandboxes", {"templateID": "base", "metadata": "x"}, 400),
     ("POST", "/v2/sandboxes", {"templateID": "base", "envVars": {"A": 1}}, 400),
     ("POST", "/v2/sandboxes", {"templateID": "base", "network": {"allowOut": ["1.1.1.1"]}}, 400),
+    ("POST", "/v2/sandboxes", {"templateID": "base", "network": {"allowPublicTraffic": "no"}}, 400),
+    ("POST", "/v2/sandboxes", {"templateID": "base", "network": []}, 400),
+    ("POST", "/v2/sandboxes", {"templateID": "base", "metadata": {"e2b.ports": "public"}}, 400),
     ("POST", "/v2/sandboxes", {"templateID": "base", "allow_internet_access": False}, 400),
     ("POST", "/v2/sandboxes", {"templateID": "base", "autoResume": True}, 400),
     ("POST", "/v2/sandboxes", "{", 400),
@@ -158,3 +162,16 @@ def test_started_after(api: Api) -> None:
     assert [s["sandboxID"] for s in found] == [sid]
     later = (at + dt.timedelta(seconds=1)).isoformat()
     assert api.c.get("/e2b/v2/sandboxes", params={"startedAfter": later}, headers=h()).json() == []
+
+
+def test_a_sandbox_without_public_traffic_gets_a_traffic_token(api: Api) -> None:
+    public = create(api)
+    assert "trafficAccessToken" not in public
+    private = create(api, network={"allowPublicTraffic": False})
+    token = private["trafficAccessToken"]
+    assert len(token) == 64 and token != private["envdAccessToken"]
+    assert api.control.get(private["sandboxID"]).labels == {"e2b.ports": "traffic-token"}
+    r = api.c.post(f"/e2b/sandboxes/{private['sandboxID']}/connect", json={"timeout": 60}, headers=h(TOKEN))
+    assert r.status_code == 200 and r.json()["trafficAccessToken"] == token
+    got = api.c.get(f"/e2b/sandboxes/{private['sandboxID']}", headers=h(TOKEN)).json()
+    assert got["metadata"] == {}
