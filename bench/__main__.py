@@ -33,6 +33,7 @@ from rich.console import Console
 
 # each figure module registers its figures (bench.registry) when imported
 from bench import (  # noqa: F401,E501
+    classes,
     density,
     egress,
     figures,
