@@ -99,6 +99,8 @@ class Settings:
     - ``database_url``: a SQLAlchemy URL of a shared PostgreSQL database (psycopg 3), e.g.
       ``postgresql+psycopg://sbx@/sbx?host=/run/postgresql``; several server replicas may use one. Empty (the
       default): SQLite at ``state_dir/sbx.db``.
+    - ``s3_endpoint`` / ``s3_bucket`` / ``s3_access_key`` / ``s3_secret_key``: an S3-compatible bucket for the data
+      of persistent volumes (``SBX_S3_*``). No bucket (the default): a local directory store under ``volumes_dir``.
     """
 
     home: Path = Path("/var/lib/sbx")
@@ -108,6 +110,10 @@ class Settings:
     subnet: str = "10.88.0.0/16"
     egress_allow: str = ""
     database_url: str = ""
+    s3_endpoint: str = ""
+    s3_bucket: str = ""
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
     domain: str = "sbx.localhost"
     host: str = "127.0.0.1"
     port: int = 7070
@@ -268,6 +274,12 @@ class Settings:
         return self.home / "criu"
 
     @property
+    def volumes_dir(self) -> Path:
+        """Persistent volumes (issue 34): ``meta/<id>.db`` (JuiceFS metadata), ``store/`` (their data when no S3
+        bucket is set), ``logs/``; root-only."""
+        return self.home / "volumes"
+
+    @property
     def images_dir(self) -> Path:
         return self.volume / "images"
 
@@ -296,6 +308,10 @@ def _flag(value: str) -> bool:
 
 _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_HOME": ("home", Path),
+    "SBX_S3_ENDPOINT": ("s3_endpoint", str),
+    "SBX_S3_BUCKET": ("s3_bucket", str),
+    "SBX_S3_ACCESS_KEY": ("s3_access_key", str),
+    "SBX_S3_SECRET_KEY": ("s3_secret_key", str),
     "SBX_NODE_NAME": ("node_name", str),
     "SBX_STATE_DIR": ("state_dir", Path),
     "SBX_BRIDGE": ("bridge", str),

@@ -73,6 +73,7 @@ from sbx.api import (
     sandbox_io,
     secrets_api,
     sshkeys_api,
+    volumes_api,
 )
 from sbx.api import schemas as S
 from sbx.api.auth import Gate, ensure_token, owned, principal, require_admin
@@ -243,7 +244,8 @@ def create_app(
         cp.secrets.names(who.account_id, body.secrets or [])  # 404/409 before anything is made
         row = cp.create(body.type, body.name, body.ttl, from_key, body.no_snapshots, body.env,
                         body.auto_resume, body.labels, account_id=who.account_id,
-                        cold=body.cold, egress=bool(body.secrets), image=body.image, runtime=body.runtime)
+                        cold=body.cold, egress=bool(body.secrets), image=body.image, runtime=body.runtime,
+                        volumes=[v.model_dump(by_alias=True) for v in body.volumes or []])
         secrets_api.bind_all(cp, row.id, body.secrets, who.account_id)
         return accepted(row, wait_, timeout)
 
@@ -426,6 +428,7 @@ def create_app(
     secrets_api.register(v1, cp)
     sshkeys_api.register(v1, cp)
     images_api.register(v1, cp)
+    volumes_api.register(v1, cp)
     nodes_api.register(v1, cp, consolidator)
     console.register(app)
     app.include_router(v1)

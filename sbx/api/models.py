@@ -157,6 +157,23 @@ class AddNode(_Body):
     token: str = Field(min_length=8, max_length=200)
 
 
+class VolumeMount(_Body):
+    """A volume a new sandbox mounts: the account's volume ``name`` at absolute ``path`` (not over ``/proc``,
+    ``/sys``, ``/dev``, ``/run/sbx``), read-only with ``readOnly``."""
+
+    name: str = Field(min_length=1, max_length=100)
+    path: str = Field(max_length=1024)
+    read_only: bool = Field(False, alias="readOnly")
+
+
+class CreateVolume(_Body):
+    """``POST /v1/volumes``: the new volume's ``name`` (unique in the account) and an optional ``size`` cap in GiB."""
+
+    name: str = Field(min_length=1, max_length=100, description="a lower-case letter or digit, then up to 62 of "
+                      "a-z, 0-9, '.', '_', '-'")
+    size: int | None = Field(None, description="the most it may hold, GiB (1-65536); none: no cap")
+
+
 class CreateSandbox(_Body):
     """``POST /v1/sandboxes``: ``type``, ``name``, ``ttl`` seconds of inactivity before an automatic stop (0 =
     never; default 3600), ``fromSnapshot``, ``noSnapshots``, ``env``, ``autoResume`` (an exec, a file call, a shell
@@ -182,6 +199,8 @@ class CreateSandbox(_Body):
         None, description="the runtime class: `container` (runc, the host's kernel; the default) or `gvisor` "
         "(runsc: gVisor's own kernel between the sandbox and the host; no fork with memory, live migration or "
         "detached jobs). Default: the snapshot's sandbox's class with fromSnapshot, else `container`")
+    volumes: list[VolumeMount] | None = Field(None, max_length=16, description="the account's volumes to mount "
+                                              "(`sbx volume list`); a fork mounts its source's")
 
 
 class StopSandbox(_Body):

@@ -65,6 +65,14 @@ class Figures(Out):
     cost: float
 
 
+class SandboxVolume(Out):
+    """A volume a sandbox mounts."""
+
+    name: str
+    path: str
+    readOnly: bool
+
+
 class Sandbox(Out):
     """A sandbox as the API shows it; ``memoryRestored``/``resumeReason`` say how its last resume went."""
 
@@ -94,6 +102,7 @@ class Sandbox(Out):
     replicaNode: str | None = Field(None, description="stopped: the node holding a current copy of its disk and "
                                                       "memory image (it resumes there if its own node is gone)")
     stats: Stats
+    volumes: list[SandboxVolume] = Field(default_factory=list, description="the volumes it mounts")
 
 
 class SandboxOut(Out):
@@ -124,6 +133,24 @@ class SnapshotList(Out):
 
 class Deleted(Out):
     deleted: str | int
+
+
+class Volume(Out):
+    """A persistent volume of the account (``sbx volume create``): it outlives every sandbox that mounts it."""
+
+    id: str
+    name: str
+    sizeGiB: int | None = Field(description="its size cap, GiB; null: none")
+    createdAt: str | None
+    sandboxes: list[str] = Field(description="the sandboxes (not deleted) that mount it")
+
+
+class VolumeOut(Out):
+    volume: Volume
+
+
+class VolumeList(Out):
+    volumes: list[Volume]
 
 
 class Image(Out):

@@ -11,6 +11,7 @@ from rich.table import Table
 from sbx.cli.common import JSON_OPT, client, err, handle_errors, out, parse_env, print_json, print_table, spinner
 from sbx.sdk import protocol as P
 from sbx.sdk.accounts import usage
+from sbx.sdk.volumes import parse_mount
 
 
 def _summary(sb: dict[str, Any]) -> str:
@@ -43,13 +44,16 @@ def new(
     runtime: str = typer.Option(None, "--runtime", "-r", help="Runtime class: container (runc, the host's kernel; "
                                 "default) or gvisor (gVisor's own kernel; no fork with memory, live migration or "
                                 "detached jobs)."),
+    volume: list[str] = typer.Option(None, "--volume", "-v", help="NAME:/path[:ro]: mount this volume of yours "
+                                     "(`sbx volume list`; repeatable)."),
     json_: bool = JSON_OPT,
 ) -> None:
     """Create a sandbox and print its id."""
     labels = parse_env(label, "--label")
     with client() as c, spinner(f"creating {type} sandbox", not json_):
         sb = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, parse_env(env), wait, auto_resume,
-                            labels, cold, secret, image=image, runtime=runtime))
+                            labels, cold, secret, image=image, runtime=runtime,
+                            volumes=[parse_mount(v) for v in volume or []]))
     if json_:
         print_json({"sandbox": sb})
     else:
@@ -90,6 +94,8 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
                 "node", "nodeStatus", "replicaNode", "createdAt", "updatedAt"):
         value = sb.get(key)
         table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
+    for vol in sb.get("volumes") or []:
+        table.add_row("volume", f"{vol['name']} at {vol['path']}{' (read-only)' if vol['readOnly'] else ''}")
     if sb.get("error"):
         table.add_row("error", f"{sb['error']['code']}: {sb['error']['message']}")
     st = sb.get("stats") or {}

@@ -23,7 +23,21 @@ from __future__ import annotations
 
 import typer
 
-from sbx.cli import accounts, admin, exec, files, fork, images, lifecycle, nodes, ports, secrets, ssh, sshkeys
+from sbx.cli import (
+    accounts,
+    admin,
+    exec,
+    files,
+    fork,
+    images,
+    lifecycle,
+    nodes,
+    ports,
+    secrets,
+    ssh,
+    sshkeys,
+    volumes,
+)
 
 app = typer.Typer(
     name="sbx",
@@ -55,6 +69,7 @@ app.command("unhost", rich_help_panel="Ports")(ports.unhost)
 app.add_typer(secrets.app, name="secret", rich_help_panel="Secrets")
 app.add_typer(sshkeys.app, name="ssh-key", rich_help_panel="Commands")
 app.add_typer(images.app, name="image", rich_help_panel="Images")
+app.add_typer(volumes.app, name="volume", rich_help_panel="Volumes")
 
 app.command("fork", rich_help_panel="Copies")(fork.fork)
 app.command("snapshot", rich_help_panel="Copies")(fork.snapshot)

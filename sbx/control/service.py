@@ -57,6 +57,7 @@ from sbx.control.sandboxes.views import job_view, snapshot_view
 from sbx.control.secrets.vault import Secrets
 from sbx.control.store.database import SandboxRow, Store
 from sbx.control.store.state import DEFAULT_WAIT
+from sbx.control.volumes.catalog import Volumes
 from sbx.node.types import NodeAgent, NodeError
 
 log = logging.getLogger("sbx.control")
@@ -92,6 +93,7 @@ class ControlPlane(LifecycleOps, SnapshotOps, ExecOps):
         self.files = Files(self)
         self.secrets = Secrets(self)
         self.images = Images(self)
+        self.volumes = Volumes(self)
         self.account_ends = AccountEnds(self)
 
     @functools.cached_property

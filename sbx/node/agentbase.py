@@ -30,6 +30,7 @@ from sbx.node.network import bridge as network
 from sbx.node.network import egress, hookd, resolver, ruleset
 from sbx.node.network.egressproxy import EgressProxy
 from sbx.node.types import NodeError, SandboxSpec, StopResult
+from sbx.node.volumes import mounts as volume_mounts
 from sbx.runtime import criu
 from sbx.runtime.classes import ClassRuntime
 from sbx.runtime.pageserver import PageReceiver
@@ -263,11 +264,13 @@ class NodeBase:
 
     @staticmethod
     def _spec_dict(spec: SandboxSpec) -> dict[str, Any]:
-        out = {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
+        out: dict[str, Any] = {"id": spec.id, "hostname": spec.hostname, "size": spec.size.name, "env": spec.env}
         if spec.image is not None:
             out["image"] = spec.image
         if spec.runtime != "container":
             out["runtime"] = spec.runtime
+        if spec.volumes:
+            out["volumes"] = [dict(v) for v in spec.volumes]
         return out
 
     def _runtime_class(self, sid: str) -> str:
@@ -350,6 +353,32 @@ class NodeBase:
         event, the API's answer) measures CPU since then instead of sleeping a 0.1 s window."""
         self._cpu_samples[sid] = cgroup.cpu_mark(self._cgroup_path(sid))
         self._cpu_percent.pop(sid, None)
+
+    def _attach_volumes(self, sid: str) -> None:
+        """Mount the volumes of the sandbox's spec into its just started container (:mod:`sbx.node.volumes.mounts`);
+        no-op without volumes. Raises ``NodeError("volume_mount_failed")``."""
+        rec = self._record(sid)
+        if not volume_mounts.volumes_of(rec):
+            return
+        pid = self.runtime.init_pid(sid)
+        if pid is None:
+            raise NodeError("volume_mount_failed", f"sandbox {sid} has no running init to mount its volumes into")
+        try:
+            volume_mounts.attach(rec, sid, pid, self.settings.volumes_dir / "logs")
+        finally:
+            self._save(sid, rec)
+
+    def _detach_volumes(self, sid: str) -> None:
+        """Unmount the sandbox's volumes from its container (before a checkpoint: CRIU must not see them) and end
+        their daemons. Never raises."""
+        try:
+            rec = self._record(sid)
+        except NodeError:
+            return
+        if not rec.get("volumeDaemons"):
+            return
+        volume_mounts.detach(rec, self.runtime.init_pid(sid))
+        self._save(sid, rec)
 
     def _is_running(self, sid: str) -> bool:
         """True when the container runs: its init recorded in runc's state file is alive (same pid and start time,

@@ -45,6 +45,8 @@ class SandboxSpec:
     - ``runtime``: the sandbox's runtime class, one of :data:`RUNTIME_CLASSES`: ``"container"`` (runc + CRIU, the
       host's kernel behind seccomp and a shifted uid map) or ``"gvisor"`` (runsc: gVisor's own kernel;
       :mod:`sbx.runtime.runsc`).
+    - ``volumes``: the persistent volumes to mount (issue 34), each ``{"id", "name", "path", "readOnly", "meta"}``
+      (``meta``: the volume's JuiceFS metadata URL; :mod:`sbx.node.volumes.mounts`). Container class only.
     """
 
     id: str
@@ -53,6 +55,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     image: dict[str, Any] | None = None
     runtime: str = "container"
+    volumes: list[dict[str, Any]] = field(default_factory=list)
 
 
 RUNTIME_CLASSES = CONFIG_RUNTIME_CLASSES

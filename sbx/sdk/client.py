@@ -69,16 +69,18 @@ class Sandbox(_Base):
         no_snapshots: bool = False, env: dict[str, str] | None = None, wait: bool = True,
         client: Client | None = None, auto_resume: bool = False, labels: dict[str, str] | None = None,
         cold: bool = False, image: str | None = None, runtime: str | None = None,
+        volumes: list[dict[str, Any]] | None = None,
     ) -> Sandbox:
         """Create a sandbox (``ttl`` in seconds of inactivity; ``from_snapshot`` a snapshot name; ``auto_resume``:
         an exec, a file call, a shell or traffic on a hosted port resumes it when stopped; ``labels`` string
         metadata for :meth:`list`; ``cold``: boot, not from the size's memory template; ``image``: start from this
-        image, :mod:`sbx.sdk.images`; ``runtime``: ``"container"`` or ``"gvisor"``); with ``wait`` returns once it
+        image, :mod:`sbx.sdk.images`; ``runtime``: ``"container"`` or ``"gvisor"``; ``volumes``: volumes to mount,
+        :func:`sbx.sdk.volumes.mount`); with ``wait`` returns once it
         runs. Raises :class:`SbxError` (``invalid_type``, ``not_found``, ...)."""
         c = client or Client()
         try:
             data = c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume, labels, cold,
-                                  image=image, runtime=runtime))
+                                  image=image, runtime=runtime, volumes=volumes))
         except BaseException:
             if client is None:
                 c.close()
@@ -254,6 +256,7 @@ class AsyncSandbox(_Base):
         no_snapshots: bool = False, env: dict[str, str] | None = None, wait: bool = True,
         client: AsyncClient | None = None, auto_resume: bool = False, labels: dict[str, str] | None = None,
         cold: bool = False, image: str | None = None, runtime: str | None = None,
+        volumes: list[dict[str, Any]] | None = None,
     ) -> _Creating:
         """As :meth:`Sandbox.create`; ``await`` it, or ``async with`` it directly."""
 
@@ -261,7 +264,7 @@ class AsyncSandbox(_Base):
             c = client or AsyncClient()
             try:
                 data = await c.run(P.create(type, name, ttl, from_snapshot, no_snapshots, env, wait, auto_resume,
-                                            labels, cold, image=image, runtime=runtime))
+                                            labels, cold, image=image, runtime=runtime, volumes=volumes))
             except BaseException:
                 if client is None:
                     await c.close()

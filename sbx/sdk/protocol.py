@@ -128,15 +128,18 @@ def create(
     secrets: list[str] | None = None,
     image: str | None = None,
     runtime: str | None = None,
+    volumes: list[dict[str, Any]] | None = None,
 ) -> Call:
     """``POST /v1/sandboxes``; returns the sandbox dict (running when ``wait``). ``auto_resume``: an exec, a file
     call, a shell or a request on one of its hosted ports resumes it when stopped. ``labels``: string metadata.
     ``cold``: boot even when a memory template of the size is ready. ``secrets``: names of secrets bound to it
     (the egress proxy injects them; it never sees the values). ``image``: start from this image of the account
     (:mod:`sbx.sdk.images`) instead of sbx's default one. ``runtime``: the runtime class, ``"container"`` (default)
-    or ``"gvisor"`` (gVisor's own kernel between the sandbox and the host)."""
+    or ``"gvisor"`` (gVisor's own kernel between the sandbox and the host). ``volumes``: the account's volumes to
+    mount, ``[{"name", "path", "readOnly"}]`` (:func:`sbx.sdk.volumes.mount`)."""
     body = _clean({"type": type, "name": name, "ttl": ttl, "fromSnapshot": from_snapshot, "env": env,
-                   "labels": labels, "secrets": secrets or None, "image": image, "runtime": runtime})
+                   "labels": labels, "secrets": secrets or None, "image": image, "runtime": runtime,
+                   "volumes": volumes or None})
     if no_snapshots:
         body["noSnapshots"] = True
     if auto_resume:

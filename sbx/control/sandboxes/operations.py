@@ -61,6 +61,7 @@ class LifecycleOps(ForkOps):
         egress: bool = False,
         image: str | None = None,
         runtime: str | None = None,
+        volumes: list[dict[str, Any]] | None = None,
     ) -> SandboxRow:
         """Create a sandbox of size ``type`` for account ``account_id`` (a disk from the base image, from the
         account's image named ``image`` (:mod:`sbx.control.images.catalog`), or a copy of snapshot
@@ -78,8 +79,10 @@ class LifecycleOps(ForkOps):
         than the size's disk); 400 ``invalid_runtime`` (not one of :data:`sbx.node.types.RUNTIME_CLASSES`). ``runtime``:
         the sandbox's runtime class (None: that of the snapshot's sandbox, else the server's ``default_runtime`` when
         the account's plan allows it, else the plan's first class; 403 ``plan_limit`` for a class the plan does not
-        allow)."""
+        allow). ``volumes``: ``[{"name", "path", "readOnly"}]`` of the account's volumes to mount (the errors of
+        :meth:`sbx.control.volumes.catalog.Volumes.plan`; container class only, 400 ``invalid_volume``)."""
         size = self._size(type)
+        planned = self.volumes.plan(account_id, volumes)
         if runtime is not None and runtime not in RUNTIME_CLASSES:
             raise ControlError("invalid_runtime", f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CLASSES)}",
                                400, field="runtime")
@@ -100,6 +103,9 @@ class LifecycleOps(ForkOps):
         if runtime is None:  # a snapshot's sandbox keeps its class
             source = self.store.get_sandbox(snap.sandbox_id) if snap is not None else None
             runtime = source.runtime if source is not None and source.runtime else self._default_runtime(account_id)
+        if planned and runtime != RUNTIME_CLASSES[0]:
+            raise ControlError("invalid_volume", "volumes mount in the container runtime class only", 400,
+                               field="volumes")
         only: str | None = None
         what_new = f"a new {size.name} sandbox"
         if img_row is not None and len(self.router.agents()) > 1:
@@ -111,7 +117,7 @@ class LifecycleOps(ForkOps):
                                    f"holds snapshot {from_snapshot}", 507)
         proxied = self.router.egress_nodes() if egress else None  # asked outside the lock
         warm = (self._warm_sandbox(account_id, size, proxied, img_row.key if img_row is not None else None)
-                if from_snapshot is None and not cold and runtime == RUNTIME_CLASSES[0]
+                if not planned and from_snapshot is None and not cold and runtime == RUNTIME_CLASSES[0]
                 else None)  # warm ones: the container class's (of the default image or the user image's own pool)
         with self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
@@ -124,6 +130,7 @@ class LifecycleOps(ForkOps):
                 sandbox_id=warm[1] if warm is not None and warm[0] == node else None, runtime=runtime,
                 **image_fields,
             )
+            self.volumes.record(row.id, planned)
             self.meter.record_start(account_id, row.id, "create")
         sandbox_id = row.id
         spec = self._spec(row, size)
@@ -365,6 +372,7 @@ class LifecycleOps(ForkOps):
                 )
                 self.meter.record_start(source.account_id, row.id, "fork")
             fork_id = row.id
+            self.volumes.copy(source_id, fork_id)  # a fork mounts its source's volumes
         except BaseException:
             self.lifecycle.release_hold(source_id)
             raise

@@ -38,6 +38,7 @@ from sbx.control.secrets.vault import Secrets
 from sbx.control.store.database import SandboxRow, Store, iso, utcnow
 from sbx.control.store.ids import new_sandbox_id, new_subdomain, sandbox_url
 from sbx.control.store.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
+from sbx.control.volumes.catalog import Volumes
 from sbx.node.types import NodeAgent, NodeError, SandboxSpec, Stats
 from sbx.storage.volume import trim_volume
 
@@ -58,6 +59,8 @@ class PlaneBase(Admission):
     """Files in and out of running sandboxes (:mod:`sbx.control.sandboxes.files`)."""
     images: Images
     """The account's images a sandbox may start from (:mod:`sbx.control.images.catalog`)."""
+    volumes: Volumes
+    """The account's persistent volumes and what each sandbox mounts (:mod:`sbx.control.volumes.catalog`)."""
     secrets: Secrets
     """Secrets and their bindings (:mod:`sbx.control.secrets.vault`).
 
@@ -158,6 +161,7 @@ class PlaneBase(Admission):
             "labels": dict(row.labels or {}),
             "image": (row.image or {}).get("name"),
             "runtime": row.runtime or "container",
+            "volumes": self.volumes.of_sandbox(row.id),
             "memorySaved": row.memory_saved,
             "stopReason": row.stop_reason,
             "stopError": row.stop_error,
@@ -176,7 +180,8 @@ class PlaneBase(Admission):
 
     def _spec(self, row: SandboxRow, size: Size | None = None) -> SandboxSpec:
         return SandboxSpec(id=row.id, hostname=row.subdomain, size=size or self._size(row.type), env=dict(row.env),
-                           image=dict(row.image) if row.image else None, runtime=row.runtime or "container")
+                           image=dict(row.image) if row.image else None, runtime=row.runtime or "container",
+                           volumes=self.volumes.specs(row.id))
 
     # events ----------------------------------------------------------------------------------------------------
     def _measure_stored(self, sandbox_id: str) -> None:

@@ -179,6 +179,7 @@ class LifecycleMixin(NodeBase):
         try:
             self.runtime.boot(sid, bundle)
             self._mark_started(sid)
+            self._attach_volumes(sid)
             self._wait_ready(sid)
         except (RuntimeError_, NodeError) as e:
             self._cleanup_container(sid)
@@ -219,6 +220,7 @@ class LifecycleMixin(NodeBase):
         with self._lock(id):
             if not self._dir(id).exists():
                 return
+            self._detach_volumes(id)
             if self.runtime.state(id) is not None:
                 self.runtime.kill(id, signal.SIGKILL)
             self._cleanup_container(id)

@@ -101,6 +101,7 @@ class MemoryCopyMixin(NodeBase):
             self.runtime.restore(sid, bundle, self._memory(sid), self._dir(sid) / "criu-work")
             st.mark("criu-restore")
             self._mark_started(sid)
+            self._attach_volumes(sid)
             self._discard_memory(sid)
             st.mark("discard")
             self._after_restore(sid, clear_tmp, identity, holds_sshd=holds_sshd)
@@ -223,6 +224,7 @@ class MemoryCopyMixin(NodeBase):
         with self._lock(source_id):
             self._require_running(source_id)
             old_base = self._uid_base(source_id)
+            self._detach_volumes(source_id)  # CRIU must not see them (sbx.storage.juicefs); mounted again below
             # CRIU can't dump a connection to the host: shut the exec channel's ones first (sbx.node.exec.attached)
             self._quiesce_channel(source_id)
             # the freezer written directly (~1 ms; sbx.node.container.cgroup.freeze, as a stop does) rather than through
@@ -256,6 +258,10 @@ class MemoryCopyMixin(NodeBase):
                 except RuntimeError_ as e:
                     log.error("%s stays paused after the fork's dump: %s", source_id, e.detail)
                 self._channel_resume(source_id)
+                try:
+                    self._attach_volumes(source_id)
+                except NodeError as e:
+                    log.error("%s lost its volumes after the fork's dump: %s", source_id, e.message)
                 st.mark("unpause")
         try:
             beside.join()

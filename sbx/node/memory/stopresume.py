@@ -58,6 +58,7 @@ class StopResumeMixin(NodeBase):
             state = "running" if self._is_running(id) else self.runtime.state(id)
             st.mark("state")
             if state is None:
+                self._detach_volumes(id)
                 self._umount(id)
                 saved = rec["phase"] == "checkpointed" and self._memory_usable(id)
                 self._set_phase(id, "checkpointed" if saved else "stopped")
@@ -73,6 +74,7 @@ class StopResumeMixin(NodeBase):
             rec["diskGen"] = int(rec.get("diskGen", 0)) + 1
             self._save(id, rec)
             st.mark("save")
+            self._detach_volumes(id)  # CRIU must not see them: a resume mounts them again (sbx.storage.juicefs)
             recovery.test_hold(recovery.TEST_HOLD_STOP_ENV, self._dir(id) / "stop-hold")
             saved = False
             error: str | None = None
@@ -258,6 +260,7 @@ class StopResumeMixin(NodeBase):
         recovery.test_hold(recovery.TEST_HOLD_RESTORE_ENV, self._dir(sid) / "restore-hold")
         self._discard_memory(sid)
         st.mark("discard")
+        self._attach_volumes(sid)  # in the restored user namespace (sbx.storage.juicefs: why not kept by CRIU)
         self._set_phase(sid, "running", size=size.name)
         st.mark("phase2")
         if not fresh and rec.get("identityPending"):  # stopped from a template before its new SSH keys and sshd

@@ -14,6 +14,7 @@ SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
     "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "labels", "stats",
     "memorySaved", "stopReason", "stopError", "error", "node", "nodeStatus", "replicaNode", "image", "runtime",
+    "volumes",
 }
 STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
               "diskUniqueBytes"}
