@@ -163,6 +163,23 @@ def test_an_error_is_shown_as_the_api_words_it(page: Any, srv: Server) -> None:
     page.fill("#create-form input[name=ttl]", "")
 
 
+def test_a_gvisor_sandbox_from_the_page(page: Any, srv: Server) -> None:
+    """The create form's runtime select offers the classes of the account's plan; a gvisor sandbox made there
+    runs under runsc."""
+    page.wait_for_selector("#create-form select[name=runtime] option[value=gvisor]", state="attached")
+    options = page.eval_on_selector_all("#create-form select[name=runtime] option", "os => os.map(o => o.value)")
+    assert options == ["", "container", "gvisor"], options
+    page.fill("#create-form input[name=name]", "console-gvisor")
+    page.select_option("#create-form select[name=runtime]", "gvisor")
+    page.click("#create-form button[type=submit]")
+    row = page.wait_for_selector("#sandboxes tr:has-text('console-gvisor')")
+    gid = row.get_attribute("data-id")
+    page.wait_for_selector(f"#sandboxes tr[data-id='{gid}'][data-state='running']", timeout=120_000)
+    assert sandbox(srv, gid)["runtime"] == "gvisor"
+    with bearer(srv) as c:
+        assert c.delete(f"/v1/sandboxes/{gid}", params={"wait": "true"}).status_code in (200, 202, 204)
+
+
 def test_the_terminal_runs_echo_hi(page: Any, srv: Server) -> None:
     sid = the_sandbox(page)
     page.goto(f"{srv.url}/#/terminal/{sid}")

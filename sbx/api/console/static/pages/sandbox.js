@@ -14,6 +14,7 @@ function facts(sb) {
   add("Size", `${sb.type}: ${sb.memoryGB} GB, ${sb.vcpus} vCPU, ${sb.diskGB} GB disk`);
   add("Age", age(sb.createdAt));
   add("Image", sb.image ?? "sbx default (Debian)");
+  add("Runtime", sb.runtime ?? "container");
   add("memoryRestored", sb.memoryRestored === null ? "null" : String(sb.memoryRestored));
   add("resumeReason", sb.resumeReason ?? "null");
   add("Last stop", sb.memorySaved === null || sb.memorySaved === undefined ? "–"

@@ -63,7 +63,11 @@ function row(sb, refresh, costs) {
 function createForm(refresh) {
   const snapSelect = h("select", { name: "fromSnapshot" }, h("option", { value: "" }, "(fresh image)"));
   const imageSelect = h("select", { name: "image" }, h("option", { value: "" }, "sbx default (Debian)"));
+  // the runtime classes the account's plan allows; none chosen: the server's default for the plan
+  const runtimeSelect = h("select", { name: "runtime" }, h("option", { value: "" }, "(default)"));
   attempt(async () => {
+    const { plan } = await api("GET", "/v1/account");
+    for (const r of plan.runtimes || []) runtimeSelect.append(h("option", { value: r }, r));
     const { snapshots } = await api("GET", "/v1/snapshots");
     for (const s of snapshots) snapSelect.append(h("option", { value: s.name }, `${s.name}${s.auto ? " (auto)" : ""}`));
     const { images } = await api("GET", "/v1/images");
@@ -73,6 +77,7 @@ function createForm(refresh) {
     h("label", {}, "Size", h("select", { name: "type" }, SIZES.map((s) => h("option", { value: s, selected: s === "small" }, s)))),
     h("label", {}, "Name", h("input", { name: "name", placeholder: "optional" })),
     h("label", {}, "Image", imageSelect),
+    h("label", {}, "Runtime", runtimeSelect),
     h("label", {}, "From snapshot", snapSelect),
     h("label", {}, "TTL (s)", h("input", { name: "ttl", type: "number", min: "0", placeholder: "server default" })),
     h("button", { type: "submit" }, "Create"));
@@ -83,6 +88,7 @@ function createForm(refresh) {
     if (f.get("name")) body.name = f.get("name");
     if (f.get("fromSnapshot")) body.fromSnapshot = f.get("fromSnapshot");
     else if (f.get("image")) body.image = f.get("image");
+    if (f.get("runtime")) body.runtime = f.get("runtime");
     if (f.get("ttl") !== "") body.ttl = Number(f.get("ttl"));
     const btn = form.querySelector("button");
     btn.disabled = true;
