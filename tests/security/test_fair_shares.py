@@ -48,7 +48,7 @@ def test_limits_follow_the_size_and_a_fork_bomb_is_held(sec_server: Server) -> N
         assert r.stdout.strip() == "started", r.stderr
         current = _host_cgroup("pids", small) / "pids.current"
         peak, busy = 0, []
-        deadline = time.monotonic() + 12
+        deadline = time.monotonic() + 6  # short: the bomb takes the CPUs of whatever else runs on the host
         while time.monotonic() < deadline:
             peak = max(peak, int(_read(current)))
             busy += _round_trips(sec_server, neighbour, 1)
