@@ -167,6 +167,7 @@ def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | 
         "SBX_SUBNET": subnet,
         "SBX_PORT": str(port),
         "SBX_PROXY_PORT": str(free_port()),  # the hosted-ports proxy: another server may hold the default 7080
+        "SBX_SSH_GATEWAY_PORT": "0",  # no SSH gateway (another server may hold 2222)
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
         "SBX_CONSOLIDATE_SECONDS": "0",
         "SBX_REPLICATE_SECONDS": "0",

@@ -36,6 +36,7 @@ class Server:
     home: Path
     log: Path
     proxy_port: int = 0
+    ssh_port: int = 0
 
     def sbx(self, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess[str]:
         """Run ``sbx ARGS`` with this server's client config; returns the completed process (text)."""
@@ -89,6 +90,7 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
     node, bridge, subnet = slotted(node, bridge, subnet)
     port = _free_port()
     proxy_port = _free_port()
+    ssh_port = _free_port()  # the SSH gateway: another server may hold the default 2222
     env = {
         **os.environ,
         "SBX_PROFILE": "test",
@@ -98,6 +100,7 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
         "SBX_SUBNET": subnet,
         "SBX_PORT": str(port),
         "SBX_PROXY_PORT": str(proxy_port),
+        "SBX_SSH_GATEWAY_PORT": str(ssh_port),
         "SBX_AUTO_SNAPSHOT_SECONDS": "0",
         "SBX_CONSOLIDATE_SECONDS": "0",  # no move the test did not ask for (test_consolidation.py sets it)
         "SBX_REPLICATE_SECONDS": "0",  # no seal replica the test did not ask for (test_seal_replicas.py sets it)
@@ -128,7 +131,8 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
             time.sleep(0.5)
     cfg = tomllib.loads((tmp / "home" / ".config" / "sbx" / "config.toml").read_text())
     assert cfg["url"] == url
-    srv = Server(url=url, token=cfg["token"], env=env, home=tmp / "home", log=log, proxy_port=proxy_port)
+    srv = Server(url=url, token=cfg["token"], env=env, home=tmp / "home", log=log, proxy_port=proxy_port,
+                 ssh_port=int(env["SBX_SSH_GATEWAY_PORT"]))
     try:
         yield srv
     finally:

@@ -48,6 +48,7 @@ class FaultServer:
             "SBX_SUBNET": subnet,
             "SBX_PORT": str(self.port),
             "SBX_PROXY_PORT": str(_free_port()),
+            "SBX_SSH_GATEWAY_PORT": "0",  # no SSH gateway: another server may hold 2222
             "SBX_AUTO_SNAPSHOT_SECONDS": "0",
             "SBX_CONSOLIDATE_SECONDS": "0",
             "SBX_REPLICATE_SECONDS": "0",

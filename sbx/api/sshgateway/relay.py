@@ -32,6 +32,10 @@ EXIT_UNREACHABLE = 255
 """The exit status of a session whose sandbox could not be reached (ssh's own for a failed connection)."""
 
 
+EARLY_LIMIT = 1024 * 1024
+"""Bytes of the user's input kept while the sandbox's side opens (a resume can take seconds); then reading pauses."""
+
+
 class GatewayRefusal(Exception):
     """The session cannot reach the sandbox: ``str(e)`` is the line the user sees on stderr."""
 
@@ -48,11 +52,13 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
         self._command: str | None = None
         self._subsystem: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._early: list[bytes] = []  # what the user sent before the sandbox's side was open
+        self._early_bytes = 0
+        self._early_eof = False
 
     # the user's requests ---------------------------------------------------------------------------------------
     def connection_made(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:  # type: ignore[override]
         self._chan = chan
-        chan.pause_reading()  # nothing from the user until the sandbox's side is open
 
     def pty_requested(self, term_type: str, term_size: tuple[int, int, int, int],
                       term_modes: dict[int, int]) -> bool:  # type: ignore[override]
@@ -71,6 +77,7 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
         return True
 
     def session_started(self) -> None:
+        # what the user sends until the sandbox's side is open is kept (up to EARLY_LIMIT, then reading pauses)
         self._task = asyncio.get_running_loop().create_task(self._open())
 
     async def _open(self) -> None:
@@ -85,7 +92,7 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
                 kw["command"] = self._command
             env = chan.get_environment_bytes()
             if env:
-                kw["env"] = env
+                kw["env"] = dict(env)  # a read-only mapping, which asyncssh would read as a list
             if self._pty is not None:
                 term_type, size, modes = self._pty
                 kw.update(request_pty="force", term_type=term_type or "xterm", term_size=size, term_modes=modes)
@@ -99,15 +106,23 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
             log.info("ssh gateway: the sandbox refused a session: %s", e)
             self._fail(f"sbx: the sandbox's sshd refused the session: {e}")
             return
-        self._up = up
-        if chan.is_closing():
-            up.close()
+        except Exception as e:
+            log.exception("ssh gateway: opening a session failed")
+            self._fail(f"sbx: the gateway failed to open the session ({type(e).__name__})")
             return
-        chan.resume_reading()
+        self._up = up
+        for data in self._early:
+            up.write(data)
+        if self._early_eof:
+            up.write_eof()
+        paused = self._early_bytes >= EARLY_LIMIT
+        self._early, self._early_bytes = [], 0
+        if paused:
+            chan.resume_reading()
 
     def _fail(self, message: str) -> None:
         chan = self._chan
-        if chan is None or chan.is_closing():
+        if chan is None:
             return
         with contextlib.suppress(Exception):
             chan.write_stderr((message.rstrip() + "\r\n" if self._pty else message.rstrip() + "\n").encode())
@@ -117,10 +132,17 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         if self._up is not None:
             self._up.write(data)
+            return
+        self._early.append(data)
+        self._early_bytes += len(data)
+        if self._early_bytes >= EARLY_LIMIT and self._chan is not None:
+            self._chan.pause_reading()
 
     def eof_received(self) -> bool:
         if self._up is not None:
             self._up.write_eof()
+        else:
+            self._early_eof = True
         return True  # half open: the sandbox's output still comes
 
     def terminal_size_changed(self, width: int, height: int, pixwidth: int, pixheight: int) -> None:
@@ -192,9 +214,7 @@ class UpSession(asyncssh.SSHClientSession[bytes]):
         self._down.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        down = self._down
-        if down.is_closing():
-            return
+        down = self._down  # (its send side may be at EOF already: exit still sends the status, then closes)
         with contextlib.suppress(Exception):
             if self._signal is not None:
                 down.exit_with_signal(*self._signal)

@@ -51,6 +51,7 @@ SSHD_PORT = 22
 CONNECT_TIMEOUT = 15.0
 LOGIN_TIMEOUT = 30.0
 INSTALL_TIMEOUT = 30.0
+SSHD_WAIT = 30.0
 PIPE_CHUNK = 64 * 1024
 
 
@@ -198,7 +199,7 @@ class GatewayConnection(asyncssh.SSHServer):
         key = keys.client_key(sid)
         try:
             try:
-                return await self._connect(target, relay, address, key)
+                return await self._connect_soon(target, relay, address, key)
             except asyncssh.PermissionDenied:
                 await asyncio.to_thread(self._install_key, target, keys.public_line(sid))
                 return await self._connect(target, relay, address, key)
@@ -206,6 +207,22 @@ class GatewayConnection(asyncssh.SSHServer):
             log.info("ssh gateway: %s's sshd: %s: %s", sid, type(e).__name__, e)
             raise GatewayRefusal(f"sbx: the SSH server of sandbox {sid} does not answer "
                                  f"({type(e).__name__}: {e})") from None
+
+    async def _connect_soon(self, target: Target, relay: tuple[str, int, str] | None, address: str,
+                            key: asyncssh.SSHKey) -> asyncssh.SSHClientConnection:
+        """:meth:`_connect`, again while nothing listens on port 22 yet, for up to :data:`SSHD_WAIT` seconds: a
+        sandbox made from a memory template or a fork with memory answers before its sshd (re)starts with its own
+        host keys."""
+        deadline = asyncio.get_running_loop().time() + SSHD_WAIT
+        while True:
+            try:
+                return await self._connect(target, relay, address, key)
+            except (ConnectionRefusedError, NodeError) as e:
+                if isinstance(e, NodeError) and e.code != "unreachable":
+                    raise
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.25)
 
     async def _connect(self, target: Target, relay: tuple[str, int, str] | None, address: str,
                        key: asyncssh.SSHKey) -> asyncssh.SSHClientConnection:
