@@ -167,7 +167,10 @@ def test_who_may_log_in_where(api: Api) -> None:
     assert login(sid, ka) is not None
     assert api.c.delete(f"/v1/ssh-keys/{key_id}", headers=a).status_code == 200
     assert login(sid, ka) is None
-    assert bob
+    # a deleted account's keys go with it
+    assert [k["account"] for k in _keys(api)] == [bob]
+    assert api.delete(f"/v1/accounts/{bob}").status_code == 202
+    assert _keys(api) == [] and keys.accounts_of(kb.get_fingerprint("sha256")) == []
 
 
 def test_gateway_keys_are_kept_private_and_differ_per_sandbox(tmp_path: Path) -> None:
