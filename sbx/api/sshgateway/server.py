@@ -75,6 +75,8 @@ class SshGateway:
             encoding=None, line_editor=False, login_timeout=LOGIN_TIMEOUT, agent_forwarding=False,
             x11_forwarding=False, allow_scp=False, keepalive_interval=60, keepalive_count_max=3,
             config=None)
+        log.info("SSH gateway on %s:%s, host key %s", host or self.settings.host, self.port,
+                 self.keys.host_key.get_fingerprint("sha256"))
 
     @property
     def port(self) -> int:
@@ -244,7 +246,8 @@ class GatewayConnection(asyncssh.SSHServer):
             raise
         self._tasks += [asyncio.get_running_loop().create_task(_pipe(reader, w2)),
                         asyncio.get_running_loop().create_task(_pipe(r2, writer))]
-        return await asyncssh.connect(sock=ours, **opts)
+        # a host name for asyncssh's logs (a socketpair has no peer address); with sock= it connects nowhere
+        return await asyncssh.connect(target.sandbox_id, SSHD_PORT, sock=ours, **opts)
 
     def _install_key(self, target: Target, public_line: str) -> None:
         """Add the gateway's public key for this sandbox to the login user's ``authorized_keys`` (an exec in the

@@ -6,6 +6,7 @@ message."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -186,3 +187,26 @@ def test_a_login_resumes_a_stopped_auto_resume_sandbox_and_not_another(server: A
     assert r.returncode != 0
     assert "stopped" in r.stderr.decode() and "sbx resume" in r.stderr.decode(), r.stderr
     assert server.api("GET", f"/v1/sandboxes/{box}")["sandbox"]["state"] == "stopped"
+
+
+def test_a_sandbox_on_a_node_agent_is_reached_through_its_port_relay(tmp_path_factory: pytest.TempPathFactory
+                                                                      ) -> None:
+    """A server whose node is a node agent in a network namespace of its own (tests/nodenet.py): the sandbox's
+    bridge is not on the server's host, so the gateway goes through the node's port relay."""
+    from tests.e2e.cluster import node_cluster
+
+    tmp = tmp_path_factory.mktemp("sshgw-node")
+    key = _keygen(tmp / "id_node")
+    with node_cluster(tmp / "c", [3], "gwsrv", "sbxgwsv", "10.70.0.0/16") as (srv, nodes):
+        srv.sbx("ssh-key", "add", str(key) + ".pub", check=True)
+        gw = Gateway(srv.ssh_port, key)
+        sid = _new(srv)
+        assert srv.api("GET", f"/v1/sandboxes/{sid}")["sandbox"]["node"] == nodes[0].node_name
+        hostname = srv.sbx("exec", sid, "hostname", check=True).stdout.strip()
+        r = gw.ssh(sid, "hostname; exit 7")
+        assert r.returncode == 7 and r.stdout.decode().strip() == hostname, r.stderr
+        blob = os.urandom(1024 * 1024)
+        (tmp / "up.bin").write_bytes(blob)
+        assert gw.scp(str(tmp / "up.bin"), f"{sid}@127.0.0.1:up.bin").returncode == 0
+        r = gw.ssh(sid, "sha256sum < up.bin")
+        assert r.stdout.decode().split()[0] == hashlib.sha256(blob).hexdigest(), r.stderr
