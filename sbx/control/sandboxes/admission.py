@@ -9,7 +9,8 @@ starts and stored GiB (:meth:`Admission._plan_admit`, :meth:`Admission._storage_
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sbx import metrics
@@ -24,6 +25,7 @@ from sbx.control.cluster.registry import NodeRegistry
 from sbx.control.cluster.router import NodeRouter
 from sbx.control.errors import ControlError
 from sbx.control.store.database import Store
+from sbx.control.store.locks import AccountLocks
 from sbx.control.store.state import Lifecycle
 
 log = logging.getLogger("sbx.control")
@@ -40,6 +42,7 @@ class Admission:
     registry: NodeRegistry
     accounts: Accounts
     meter: Meter
+    account_locks: AccountLocks
     plans: dict[str, Plan]
     moving_to: dict[str, tuple[str, int]]
     _host: Callable[[], HostResources]
@@ -94,6 +97,16 @@ class Admission:
                 refused(err)
             raise
 
+    @contextmanager
+    def _admitting(self, account_id: str) -> Iterator[None]:
+        """Hold account ``account_id``'s admission across every replica of the database for the block (a
+        PostgreSQL advisory lock, :class:`~sbx.control.store.locks.AccountLocks`; nothing on SQLite): a start's
+        :meth:`_plan_admit` and the writes that make it count (its row or state, ``meter.record_start``) go in one
+        block, so two replicas never both pass the account's last free start or running place. Enter it before
+        ``self.lifecycle.cond`` and keep node work out of it. Raises 409 ``busy`` after 30 s without the lock."""
+        with self.account_locks.hold(account_id):
+            yield
+
     def _plan_admit(self, account_id: str, size: Size, kind: str, what: str, sandbox_id: str | None = None,
                     count: bool = True, runtime: str | None = None) -> None:
         """Refuse a start (``kind`` ``create``/``resume``/``fork`` of ``what`` at ``size``, of runtime class
@@ -101,7 +114,8 @@ class Admission:
         when the account's plan does not allow it (:func:`sbx.control.accounts.plans.check`), 403 ``account_suspended``
         / 409 ``account_deleted`` when the account has ended (:meth:`Accounts.require_active`); else count the start.
         The caller holds ``self.lifecycle.cond``, so two starts never both pass the last free place (nor one an
-        account's suspension, which takes it too: :mod:`sbx.control.cluster.accountend`)."""
+        account's suspension, which takes it too: :mod:`sbx.control.cluster.accountend`), and :meth:`_admitting`,
+        which makes that hold across replicas."""
         account = self.accounts.require_active(account_id)
         plan = self.plans.get(account.plan) or self.plans["trial"]
         busy = {"provisioning", "running", "resuming", "migrating", "forking"}

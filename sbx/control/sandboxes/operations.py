@@ -119,7 +119,7 @@ class LifecycleOps(ForkOps):
         warm = (self._warm_sandbox(account_id, size, proxied, img_row.key if img_row is not None else None)
                 if not planned and from_snapshot is None and not cold and runtime == RUNTIME_CLASSES[0]
                 else None)  # warm ones: the container class's (of the default image or the user image's own pool)
-        with self.lifecycle.cond:
+        with self._admitting(account_id), self.lifecycle.cond:
             what = f"a new {size.name} sandbox"
             self._plan_admit(account_id, size, "create", what, runtime=runtime)
             node = self._place(size, what, only=only, among=proxied)
@@ -264,7 +264,8 @@ class LifecycleOps(ForkOps):
         if ttl is not None:
             fields["ttl"] = ttl
         try:
-            before, _ = self.lifecycle.begin(sandbox_id, "resuming", check, wait, **fields)
+            with self._admitting(current.account_id):  # the check's admission and the state it writes
+                before, _ = self.lifecycle.begin(sandbox_id, "resuming", check, wait, **fields)
         except _Already as done:
             return done.row
         except BaseException:
@@ -356,7 +357,7 @@ class LifecycleOps(ForkOps):
         states = {"running"} if memory else {"running", "stopped"}
         source = self.lifecycle.acquire_hold(source_id, states, wait, "fork it with memory" if memory else "fork it")
         try:
-            with self.lifecycle.cond:
+            with self._admitting(source.account_id), self.lifecycle.cond:
                 what = f"a {size.name} fork of {source_id}"
                 self._plan_admit(source.account_id, size, "fork", what, runtime=source.runtime)
                 # the source's node (a reflink copy) unless it is full or cordoned (sbx.control.sandboxes.forking)

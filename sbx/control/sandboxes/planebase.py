@@ -37,6 +37,7 @@ from sbx.control.sandboxes.views import stats_view
 from sbx.control.secrets.vault import Secrets
 from sbx.control.store.database import SandboxRow, Store, iso, utcnow
 from sbx.control.store.ids import new_sandbox_id, new_subdomain, sandbox_url
+from sbx.control.store.locks import AccountLocks
 from sbx.control.store.state import DEFAULT_WAIT, TRANSIENT, Lifecycle
 from sbx.control.volumes.catalog import Volumes
 from sbx.node.types import NodeAgent, NodeError, SandboxSpec, Stats
@@ -99,6 +100,7 @@ class PlaneBase(Admission):
         self.plans = plans.load_plans(dict(settings.plans))
         self.accounts = Accounts(self.store, list(self.plans), settings.default_plan)
         self.meter = Meter(self.store, settings)
+        self.account_locks = AccountLocks(self.store.engine)  # plan admission across replicas (Admission._admitting)
         self.store.state_hooks.append(self.meter.on_state)
         self.replicas = ReplicaBook(self.store)  # seal replicas on other nodes (sbx.control.cluster.replicas)
         self.store.state_hooks.append(forget_on_state_change)

@@ -10,6 +10,10 @@ SIGKILL closes its sockets; PostgreSQL then drops the session and every lock it 
   from the transition into a transient state until the transition out of it), and which replicas are alive (each
   holds ``pg_advisory_lock_shared(4, 0)``). A transient row whose lock another replica can take was left by a dead
   replica: it is settled from what the node reports instead of waiting forever.
+- :class:`AccountLocks`: one lock per account (``pg_advisory_xact_lock(5, hashtext(id))``, transaction-scoped on a
+  connection of its own) held around a start's plan admission: the check of the account's limits and the writes that
+  make the start count (its row, its start record), so two replicas never both pass an account's last free start or
+  running place (issue 35). Waits up to ``timeout`` seconds, then 409 ``busy``.
 
 On SQLite (one server process per database file) both are no-ops: the in-process conditions of
 :class:`sbx.control.store.state.Lifecycle` already serialise everything and the only process is the leader.
@@ -25,6 +29,9 @@ from contextlib import contextmanager
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
+
+from sbx.control.errors import ControlError
 
 log = logging.getLogger("sbx.dblocks")
 
@@ -36,6 +43,8 @@ OP_NS = 3
 """First key of the two-key advisory lock that marks a replica's operation in flight on a sandbox."""
 ALIVE_NS = 4
 """First key of the shared advisory lock every live replica holds."""
+ACCOUNT_NS = 5
+"""First key of the two-key transaction-scoped advisory lock around an account's plan admission."""
 
 _TRY = text("SELECT pg_try_advisory_lock(:ns, hashtext(:key))")
 _UNLOCK = text("SELECT pg_advisory_unlock(:ns, hashtext(:key))")
@@ -94,6 +103,48 @@ class SandboxLocks:
                 conn.close()
             except Exception:  # a broken connection: drop it, PostgreSQL drops its locks with the session
                 log.warning("could not release the lock of %s; dropping its connection", sandbox_id, exc_info=True)
+                _discard(conn)
+
+
+class AccountLocks:
+    """Per-account admission locks across processes (module docstring). :meth:`hold` blocks in PostgreSQL (no
+    polling) until the account's lock is held; a no-op on SQLite, where the caller's in-process lock suffices.
+    Take it before any in-process lock (``Lifecycle.cond``), never while holding one: a thread waiting here with
+    ``cond`` held would stop every other thread of the process that holds this lock and wants ``cond``."""
+
+    def __init__(self, engine: Engine, timeout: float = 30.0):
+        self.engine = engine if is_postgres(engine) else None
+        self.timeout = timeout
+
+    @contextmanager
+    def hold(self, account_id: str) -> Iterator[None]:
+        """Hold ``account_id``'s admission lock for the ``with`` block (its transaction commits at the end, which
+        releases it; a replica that dies loses it with its session). Raises 409 ``busy`` when another process held
+        it for ``timeout`` seconds. What the block writes must be committed before it ends (the store's sessions
+        commit on their own), so the next holder reads it."""
+        if self.engine is None:
+            yield
+            return
+        conn = self.engine.connect()
+        try:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'"))
+            conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))"),
+                         {"ns": ACCOUNT_NS, "key": account_id})
+        except OperationalError as e:
+            _discard(conn)
+            if getattr(e.orig, "sqlstate", None) == "55P03":  # lock_not_available: lock_timeout ran out
+                raise ControlError("busy", f"another start of account {account_id} is being admitted; try again "
+                                   "shortly", 409) from None
+            raise
+        try:
+            yield
+        finally:
+            try:
+                conn.commit()
+                conn.close()
+            except Exception:  # a broken connection: drop it, PostgreSQL drops the lock with the session
+                log.warning("could not release the admission lock of %s; dropping its connection", account_id,
+                            exc_info=True)
                 _discard(conn)
 
 
