@@ -65,11 +65,18 @@ def authorize(cp: ControlPlane, keys: SshKeys, username: str, key: asyncssh.SSHK
     if parsed is None:
         return None
     name, user = parsed
-    for account_id in keys.accounts_of(key.get_fingerprint("sha256")):
-        if not account_active(cp, account_id):
-            continue
+    accounts = [a for a in keys.accounts_of(key.get_fingerprint("sha256")) if account_active(cp, a)]
+    if not accounts:
+        return None
+    try:
+        row = cp.get(name)  # a sandbox id
+    except ControlError:
+        row = None
+    if row is not None:
+        return Target(row.id, row.account_id, user) if row.account_id in accounts else None
+    for account_id in accounts:  # a sandbox name, among the key's accounts' sandboxes
         for row in cp.list_sandboxes(account_id=account_id):
-            if row.id == name or (row.name and row.name == name):
+            if row.name == name:
                 return Target(row.id, account_id, user)
     return None
 

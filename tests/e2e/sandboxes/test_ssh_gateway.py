@@ -6,12 +6,18 @@ message."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import pty
 import re
+import select
+import signal
 import socket
+import struct
 import subprocess
+import termios
 import time
 import urllib.request
 from pathlib import Path
@@ -99,6 +105,47 @@ def test_a_command_gives_its_output_and_exit_status(server: Any, gw: Gateway, bo
     keys = server.sbx("exec", box, "cat ~/.ssh/authorized_keys", check=True).stdout
     assert re.fullmatch(r"(ssh-ed25519 [A-Za-z0-9+/=]+ sbx-gateway\n)+", keys), keys
     assert gw.key.with_suffix(".pub").read_text().split()[1] not in keys
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def test_a_terminal_has_the_clients_size_and_follows_its_changes(gw: Gateway, box: str) -> None:
+    """``ssh -t`` in a terminal of 33x111: the sandbox's terminal has that size; after the client's terminal
+    becomes 44x122 (and ssh gets its SIGWINCH) the sandbox's does too."""
+    main, side = pty.openpty()
+    _set_size(side, 33, 111)
+    proc = subprocess.Popen(["ssh", "-p", str(gw.port), *gw.opts(), "-tt", f"{box}@127.0.0.1",
+                             "stty size; echo TERM=$TERM; read _; stty size; exit 4"],
+                            stdin=side, stdout=side, stderr=side, env={**os.environ, "TERM": "xterm-256color"})
+    os.close(side)
+    seen = b""
+
+    def read_until(what: bytes) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 60
+        while what not in seen and time.monotonic() < deadline:
+            if select.select([main], [], [], 1)[0]:
+                try:
+                    seen += os.read(main, 4096)
+                except OSError:
+                    break
+        assert what in seen, seen
+
+    try:
+        read_until(b"TERM=xterm-256color")
+        assert b"33 111" in seen
+        _set_size(main, 44, 122)
+        proc.send_signal(signal.SIGWINCH)
+        time.sleep(1)
+        os.write(main, b"go\r")
+        read_until(b"44 122")
+        assert proc.wait(timeout=60) == 4
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
 
 
 def test_scp_up_and_down_keeps_the_bytes(gw: Gateway, box: str, tmp_path: Path) -> None:
