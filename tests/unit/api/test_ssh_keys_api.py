@@ -4,8 +4,10 @@ on the same store."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from sbx.api.sshgateway.auth import GatewayKeys, authorize, install_command, parse_login
 from sbx.control.accounts.sshkeys import SshKeys
-from tests.fakes import Api, auth
+from tests.fakes import Api, LiveServer, auth, serve_live
 
 
 def _pub(key: asyncssh.SSHKey, comment: str = "me@laptop") -> str:
@@ -186,3 +188,40 @@ def test_gateway_keys_are_kept_private_and_differ_per_sandbox(tmp_path: Path) ->
     assert again.host_key.export_public_key() == keys.host_key.export_public_key()
     command = install_command(one)
     assert "PRIVATE" not in command and os.fsencode(one) in os.fsencode(command)
+
+
+@pytest.fixture
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+    yield from serve_live(tmp_path, monkeypatch)
+
+
+def test_the_cli_adds_lists_and_deletes_keys(live: LiveServer, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sbx.cli.main import app
+
+    runner = CliRunner(mix_stderr=False)
+
+    def sbx(*args: str, input: str | None = None) -> Any:
+        return runner.invoke(app, list(args), catch_exceptions=False, input=input)
+
+    home_ssh = Path(os.environ["HOME"]) / ".ssh"
+    r = sbx("ssh-key", "add")  # no FILE and no ~/.ssh/id_*.pub
+    assert r.exit_code != 0 and "ssh-keygen" in r.stderr
+    home_ssh.mkdir(parents=True)
+    default, piped = _new_key(), _new_key("ecdsa-sha2-nistp256")
+    (home_ssh / "id_ed25519.pub").write_text(_pub(default, "from-home"))
+    r = sbx("ssh-key", "add")
+    assert r.exit_code == 0, r.stderr
+    assert default.get_fingerprint("sha256") in r.stdout and "(from-home)" in r.stdout
+    r = sbx("ssh-key", "add", "-", "--name", "piped", "--json", input=_pub(piped))
+    assert r.exit_code == 0, r.stderr
+    key_id = json.loads(r.stdout)["sshKey"]["id"]
+    assert sbx("ssh-key", "add", "-", input=_pub(piped)).exit_code != 0  # 409
+    bad = sbx("ssh-key", "add", "-", input="not a key")
+    assert bad.exit_code != 0 and "invalid_ssh_key" in bad.stderr + bad.stdout
+    listed = sbx("ssh-key", "list").stdout
+    assert "from-home" in listed and "piped" in listed and piped.get_fingerprint("sha256") in listed
+    assert sbx("ssh-key", "delete", key_id).exit_code == 0
+    assert "piped" not in sbx("ssh-key", "list").stdout
+    assert sbx("ssh-key", "delete", key_id).exit_code != 0
