@@ -97,6 +97,8 @@ class GatewayConnection(asyncssh.SSHServer):
         self.gateway = gateway
         self.cp = gateway.control
         self.target: Target | None = None
+        """Where the login goes: set once authentication has succeeded, for the name it succeeded with."""
+        self._targets: dict[str, Target] = {}
         self._conn: asyncssh.SSHServerConnection | None = None
         self._up: asyncssh.SSHClientConnection | None = None
         self._up_lock = asyncio.Lock()
@@ -139,8 +141,15 @@ class GatewayConnection(asyncssh.SSHServer):
             return False
         if target is None:
             return False
-        self.target = target
+        # keyed by login name: a client may offer (without a signature) another key for another name first; what
+        # counts is the name the successful, signed attempt used (auth_completed)
+        self._targets[username] = target
         return True
+
+    def auth_completed(self) -> None:
+        assert self._conn is not None
+        self.target = self._targets.get(str(self._conn.get_extra_info("username")))
+        self._targets.clear()
 
     # channels ------------------------------------------------------------------------------------------------
     def session_requested(self) -> DownSession | bool:

@@ -4,6 +4,7 @@ on the same store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -225,3 +226,64 @@ def test_the_cli_adds_lists_and_deletes_keys(live: LiveServer, tmp_path: Path) -
     assert sbx("ssh-key", "delete", key_id).exit_code == 0
     assert "piped" not in sbx("ssh-key", "list").stdout
     assert sbx("ssh-key", "delete", key_id).exit_code != 0
+
+
+def test_the_gateway_logs_a_key_of_the_account_in_and_relays_to_the_sandboxs_sshd(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway in this process against a stand-in for the sandbox's sshd (an asyncssh server on a local port):
+    the user's key is checked against the sandbox's account, the gateway logs in to sshd with its own key for that
+    sandbox (never the user's), and a command's output, stderr, stdin and exit status pass through."""
+    from sbx.api.sshgateway import SshGateway
+    from sbx.api.sshgateway import server as gwserver
+    from tests.fakes import FakeNode
+
+    _, a = _account(api, "alice")
+    _, b = _account(api, "bob")
+    ka, kb = _new_key(), _new_key()
+    assert api.c.post("/v1/ssh-keys", json={"publicKey": _pub(ka)}, headers=a).status_code == 201
+    assert api.c.post("/v1/ssh-keys", json={"publicKey": _pub(kb)}, headers=b).status_code == 201
+    sid = api.c.post("/v1/sandboxes?wait=true", json={"type": "small"}, headers=a).json()["sandbox"]["id"]
+    monkeypatch.setattr(FakeNode, "address", lambda self, id: "127.0.0.1", raising=False)
+    logins: list[tuple[str, bytes]] = []
+
+    class Sshd(asyncssh.SSHServer):
+        def begin_auth(self, username: str) -> bool:
+            return True
+
+        def public_key_auth_supported(self) -> bool:
+            return True
+
+        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+            logins.append((username, key.export_public_key("openssh").split()[1]))
+            return True
+
+    async def command(process: Any) -> None:
+        data = await process.stdin.read()
+        process.stdout.write(f"{process.command}|stdin={len(data)}\n".encode())
+        process.stderr.write(b"err\n")
+        process.exit(3)
+
+    async def scenario() -> None:
+        sshd = await asyncssh.listen("127.0.0.1", 0, server_factory=Sshd, process_factory=command, encoding=None,
+                                     server_host_keys=[asyncssh.generate_private_key("ssh-ed25519")])
+        monkeypatch.setattr(gwserver, "SSHD_PORT", sshd.get_port())
+        gw = SshGateway(api.control, api.control.settings)
+        await gw.start("127.0.0.1", 0)
+        opts: dict[str, Any] = {"known_hosts": None, "config": None, "agent_path": None}
+        try:
+            async with asyncssh.connect("127.0.0.1", gw.port, username=sid, client_keys=[ka], **opts) as conn:
+                r = await conn.run("do-something", input=b"x" * 100000, encoding=None)
+            assert r.exit_status == 3 and r.stdout == b"do-something|stdin=100000\n" and r.stderr == b"err\n"
+            assert gw.keys is not None
+            assert logins and {u for u, _ in logins} == {"user"}
+            assert {k for _, k in logins} == {gw.keys.public_line(sid).split()[1].encode()}
+            assert ka.export_public_key("openssh").split()[1] not in {k for _, k in logins}
+            for user, keys, password in ((sid, [kb], None), ("sb_nosuchbox0", [ka], None), (sid, [], "pw")):
+                with pytest.raises(asyncssh.PermissionDenied):
+                    await asyncssh.connect("127.0.0.1", gw.port, username=user, client_keys=keys,
+                                           password=password, **opts)
+        finally:
+            await gw.close()
+            sshd.close()
+
+    asyncio.run(scenario())
