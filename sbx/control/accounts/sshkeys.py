@@ -105,8 +105,9 @@ class SshKeys:
         already); nothing is stored then."""
         parsed = parse_key(text)
         name = (name if name is not None else parsed.comment or parsed.algorithm).strip()
-        if not name or len(name) > 100:
-            raise ControlError("invalid_name", "SSH key names are 1-100 characters", 400, field="name")
+        if not name or len(name) > 100 or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ControlError("invalid_name", "SSH key names are 1-100 characters, no control characters", 400,
+                               field="name")
         row = SshKeyRow(id=new_id("sshkey_"), account_id=account_id, name=name, algorithm=parsed.algorithm,
                         fingerprint=parsed.fingerprint, public_key=parsed.public_key, created_at=utcnow())
         try:

@@ -100,6 +100,7 @@ def test_wrong_shapes_are_refused(api: Api) -> None:
     assert _err(api.post("/v1/ssh-keys", json={"publicKey": key, "extra": 1})) == (422, "invalid_request")
     assert _err(api.post("/v1/ssh-keys", json={"publicKey": key, "name": ""})) == (400, "invalid_name")
     assert _err(api.post("/v1/ssh-keys", json={"publicKey": key, "name": "x" * 101})) == (400, "invalid_name")
+    assert _err(api.post("/v1/ssh-keys", json={"publicKey": key, "name": "a\x00b"})) == (400, "invalid_name")
     assert _err(api.post("/v1/ssh-keys", json={"key": key})) == (422, "invalid_request")
     assert _err(api.post("/v1/ssh-keys", json={"publicKey": 5})) == (422, "invalid_request")
     assert _keys(api) == []
