@@ -104,7 +104,9 @@ class SshKeys:
         type). Raises 400 ``invalid_ssh_key`` / ``invalid_name``, 409 ``ssh_key_exists`` (the account has this key
         already); nothing is stored then."""
         parsed = parse_key(text)
-        name = (name if name is not None else parsed.comment or parsed.algorithm).strip()
+        if name is None:  # the key's comment, made printable and short, else its type
+            name = "".join(c for c in parsed.comment if ord(c) >= 32 and ord(c) != 127)[:100] or parsed.algorithm
+        name = name.strip()
         if not name or len(name) > 100 or any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise ControlError("invalid_name", "SSH key names are 1-100 characters, no control characters", 400,
                                field="name")
