@@ -111,10 +111,11 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
             self._fail(f"sbx: the gateway failed to open the session ({type(e).__name__})")
             return
         self._up = up
-        for data in self._early:
-            up.write(data)
-        if self._early_eof:
-            up.write_eof()
+        with contextlib.suppress(OSError):
+            for data in self._early:
+                up.write(data)
+            if self._early_eof:
+                up.write_eof()
         paused = self._early_bytes >= EARLY_LIMIT
         self._early, self._early_bytes = [], 0
         if paused:
@@ -131,7 +132,8 @@ class DownSession(asyncssh.SSHServerSession[bytes]):
     # what the user sends along ----------------------------------------------------------------------------------
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         if self._up is not None:
-            self._up.write(data)
+            with contextlib.suppress(OSError):  # the sandbox's side closed: its connection_lost ends this one
+                self._up.write(data)
             return
         self._early.append(data)
         self._early_bytes += len(data)
@@ -191,10 +193,11 @@ class UpSession(asyncssh.SSHClientSession[bytes]):
         self._chan = chan
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        if datatype == asyncssh.EXTENDED_DATA_STDERR:
-            self._down.write_stderr(data)
-        else:
-            self._down.write(data)
+        with contextlib.suppress(OSError):  # the user went away: DownSession.connection_lost closes this side
+            if datatype == asyncssh.EXTENDED_DATA_STDERR:
+                self._down.write_stderr(data)
+            else:
+                self._down.write(data)
 
     def eof_received(self) -> bool:
         with contextlib.suppress(Exception):
