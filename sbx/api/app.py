@@ -92,6 +92,7 @@ from sbx.api.models import (
 )
 from sbx.config import Settings
 from sbx.control.accounts.keys import Principal
+from sbx.control.accounts.limits import shared_limits
 from sbx.control.cluster.consolidate import Consolidator
 from sbx.control.cluster.replicas import Replicator
 from sbx.control.errors import ControlError
@@ -206,7 +207,7 @@ def create_app(
     app.state.reaper = reaper
     app.state.consolidator = consolidator
     cp.accounts.bootstrap(api_token)
-    app.state.gate = Gate(cp.accounts, settings)
+    app.state.gate = Gate(cp.accounts, settings, limits=shared_limits(cp.store))  # (PostgreSQL: shared)
 
     errors.install(app)
     app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)

@@ -10,7 +10,9 @@
 - :func:`owned` (a dependency of the ``/v1`` router) checks the path's ``sandbox_id`` (or a snapshot's ``name``)
   against the principal after the lookup: another account's resource answers exactly like a missing one, 404
   ``not_found``. The admin sees all.
-- :class:`Gate` keeps the abuse limits in memory, per server process: a token bucket per account key
+- :class:`Gate` keeps the abuse limits in memory, per server process (or, given
+  :class:`~sbx.control.accounts.limits.SharedLimits`, in the PostgreSQL database every replica shares, so N replicas
+  allow each limit once in total: issue 35): a token bucket per account key
   (``Settings.rate_limit`` requests/s, ``rate_burst`` at once; over it 429 ``rate_limited`` with ``Retry-After``),
   and a count of wrong keys per client address (``auth_fail_limit`` per ``auth_fail_window`` seconds; over it
   every key that address presents is answered 401 ``auth_throttled`` with ``Retry-After`` until the window ends
@@ -40,6 +42,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sbx.api.sessions import SESSION_COOKIE, Sessions, csrf_ok
 from sbx.config import Settings
 from sbx.control.accounts.keys import Accounts, Principal, digest
+from sbx.control.accounts.limits import SharedLimits
 from sbx.control.errors import ControlError, not_found
 from sbx.control.store.database import SandboxRow
 
@@ -77,11 +80,14 @@ def _retry(seconds: float) -> dict[str, str]:
 
 
 class Gate:
-    """Authentication and abuse limits for one server process (thread-safe). ``clock`` is monotonic seconds."""
+    """Authentication and abuse limits for one server process (thread-safe). ``clock`` is monotonic seconds (the
+    in-memory limits'). ``limits``: keep the token buckets and wrong-key counts there instead (every replica of a
+    PostgreSQL database: :func:`sbx.control.accounts.limits.shared_limits`; its clock is the database's)."""
 
     def __init__(self, accounts: Accounts, settings: Settings, clock: Callable[[], float] = time.monotonic,
-                 sessions: Sessions | None = None):
+                 sessions: Sessions | None = None, limits: SharedLimits | None = None):
         self.accounts = accounts
+        self.shared = limits
         self.sessions = sessions or Sessions()
         self.settings = settings
         self.clock = clock
@@ -98,12 +104,16 @@ class Gate:
         if not token:
             raise ControlError("unauthorized", "missing API key (Authorization: Bearer <key>)", 401)
         key = digest(token)
-        if key not in self._good.get(client, ()):
-            self._throttled(client)
-        found = self.accounts.authenticate(token)
+        ticket = self._throttled(client) if key not in self._good.get(client, ()) else None
+        try:
+            found = self.accounts.authenticate(token)
+        except BaseException:  # (a suspended account's key: not a wrong key)
+            self._attempt_ok(ticket)
+            raise
         if found is None:
             self._failed(client)
             raise ControlError("unauthorized", "wrong, revoked or expired API key", 401)
+        self._attempt_ok(ticket)
         with self._lock:
             good = self._good.setdefault(client, set())
             if len(good) < GOOD_KEYS_KEPT:
@@ -139,10 +149,17 @@ class Gate:
             raise ControlError("unauthorized", "wrong, revoked or expired API key", 401)
         return found
 
-    def _throttled(self, client: str) -> None:
+    def _throttled(self, client: str) -> int | None:
+        """401 ``auth_throttled`` when ``client`` presented too many wrong keys lately. With shared limits the
+        key about to be checked counts already; returns its ticket (None in memory)."""
         limit, window = self.settings.auth_fail_limit, self.settings.auth_fail_window
         if limit <= 0:
-            return
+            return None
+        if self.shared is not None:
+            got = self.shared.attempt(client, limit, window)
+            if got.wait is not None:
+                raise _throttle_error(got.wait)
+            return got.ticket
         now = self.clock()
         with self._lock:
             fails = self._fails.get(client)
@@ -151,12 +168,15 @@ class Gate:
             if fails is not None and not fails:
                 del self._fails[client]
             if fails and len(fails) >= limit:
-                wait = fails[0] + window - now
-                raise ControlError("auth_throttled", f"too many wrong API keys from this address; try again in "
-                                   f"{math.ceil(wait)} s", 401, headers=_retry(wait))
+                raise _throttle_error(fails[0] + window - now)
+        return None
+
+    def _attempt_ok(self, ticket: int | None) -> None:
+        if ticket is not None and self.shared is not None:
+            self.shared.attempt_ok(ticket)
 
     def _failed(self, client: str) -> None:
-        if self.settings.auth_fail_limit > 0:
+        if self.settings.auth_fail_limit > 0 and self.shared is None:  # (shared: its attempt stays counted)
             with self._lock:
                 self._fails.setdefault(client, deque()).append(self.clock())
 
@@ -164,16 +184,29 @@ class Gate:
         rate, burst = self.settings.rate_limit, max(1, self.settings.rate_burst)
         if rate <= 0:
             return
+        if self.shared is not None:
+            wait = self.shared.take(key_id, rate, burst)
+            if wait is not None:
+                raise _rate_error(rate, wait)
+            return
         now = self.clock()
         with self._lock:
             tokens, at = self._buckets.get(key_id, (float(burst), now))
             tokens = min(float(burst), tokens + (now - at) * rate)
             if tokens < 1.0:
                 self._buckets[key_id] = (tokens, now)
-                wait = (1.0 - tokens) / rate
-                raise ControlError("rate_limited", f"this API key is over {rate:g} requests per second; retry in "
-                                   f"{math.ceil(wait)} s", 429, headers=_retry(wait))
+                raise _rate_error(rate, (1.0 - tokens) / rate)
             self._buckets[key_id] = (tokens - 1.0, now)
+
+
+def _throttle_error(wait: float) -> ControlError:
+    return ControlError("auth_throttled", f"too many wrong API keys from this address; try again in "
+                        f"{math.ceil(wait)} s", 401, headers=_retry(wait))
+
+
+def _rate_error(rate: float, wait: float) -> ControlError:
+    return ControlError("rate_limited", f"this API key is over {rate:g} requests per second; retry in "
+                        f"{math.ceil(wait)} s", 429, headers=_retry(wait))
 
 
 def client_address(request: Request) -> str:

@@ -2,8 +2,9 @@
 ``POST /v1/accounts/{id}/suspend``, ``POST /v1/accounts/{id}/resume``, ``DELETE /v1/accounts/{id}``.
 
 - **suspend**: the account's state becomes ``suspended`` (:mod:`sbx.control.accounts.keys`; persisted, so it
-  survives a restart) under the lifecycle lock, so a start that passed the plan's check before it is already
-  counted and every start after it is refused (403 ``account_suspended``, :meth:`Admission._plan_admit
+  survives a restart) under the lifecycle lock and the account's admission lock (every replica's: issue 35), so a
+  start that passed the plan's check before it is already counted and every start after it is refused (403
+  ``account_suspended``, :meth:`Admission._plan_admit
   <sbx.control.sandboxes.admission.Admission._plan_admit>`); its keys and console sessions answer 403
   ``account_suspended``. Then a thread stops each of its sandboxes that runs, by the normal stop path with memory
   (``stopReason: "suspended"``), after waiting for one in an operation (a create or resume under way) to settle.
@@ -33,6 +34,7 @@ from sbx.control.cluster.drain import FINISHED, Drains
 from sbx.control.errors import ControlError
 from sbx.control.secrets.vault import Secrets
 from sbx.control.store.database import SandboxRow, Store
+from sbx.control.store.locks import AccountLocks
 from sbx.control.store.state import TRANSIENT, Lifecycle
 
 log = logging.getLogger("sbx.control")
@@ -50,6 +52,8 @@ class AccountEndPlane(Protocol):
     def store(self) -> Store: ...
     @property
     def lifecycle(self) -> Lifecycle: ...
+    @property
+    def account_locks(self) -> AccountLocks: ...
     @property
     def accounts(self) -> Accounts: ...
     @property
@@ -89,7 +93,7 @@ class AccountEnds:
         """Suspend the account (module docstring); returns ``(row, ids of its sandboxes being stopped)``.
         Suspending a suspended account stops what still runs and changes nothing else. Raises 404, 403
         ``protected_account``, 409 ``account_deleted``."""
-        with self.cp.lifecycle.cond:
+        with self.cp.account_locks.hold(account_id), self.cp.lifecycle.cond:  # (ordered with every replica's starts)
             row, _old = self.cp.accounts.set_state(account_id, "suspended", ("active",))
         ids = [r.id for r in self._live(account_id) if r.state == "running"
                or (r.state in TRANSIENT and r.state not in ("stopping", "deleting"))]
@@ -148,7 +152,7 @@ class AccountEnds:
                 raise ControlError("account_busy", f"account {account_id} can't be deleted while its sandboxes are "
                                    f"being moved: {', '.join(moving[:5])}; try again once the drain or migration "
                                    "has finished", 409)
-        with self.cp.lifecycle.cond:
+        with self.cp.account_locks.hold(account_id), self.cp.lifecycle.cond:
             row, _old = self.cp.accounts.set_state(account_id, "deleting", ("active", "suspended"))
         ids = [r.id for r in self._live(account_id)]
         self._spawn(account_id)

@@ -4,6 +4,10 @@ agent, enforce one account's plan and its key's request rate once in total, not 
 - An account whose plan allows ``STARTS`` starts an hour fires creates at both replicas at once: exactly ``STARTS``
   are accepted in total, every other one is 403 ``plan_limit`` (limit ``starts_per_hour``); both replicas then
   report the same ``startsLastHour``.
+- A key's requests fired at both replicas at once: ``BURST`` (plus what ``RATE`` refills meanwhile) pass in total,
+  the rest are 429 ``rate_limited`` with ``Retry-After`` from either replica (per-replica buckets would pass twice
+  ``BURST``).
+- Wrong keys from one address at both replicas: ``FAILS`` are looked up in total, then 401 ``auth_throttled``.
 
 The node agent runs in a network namespace of its own (tests/nodenet.py, node 3). The replicas share the
 installation's admin key and secrets key (copied from the first one's state folder, as an operator would) and one
@@ -13,7 +17,9 @@ server config (``SBX_CONFIG``) with the plan's limit.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +34,8 @@ pytestmark = pytest.mark.e2e
 
 STARTS = 3  # starts per hour of the plan "capped"
 PER_REPLICA = 4  # creates fired at each replica at once
+BURST, RATE = 20, 0.2  # each account key's bucket (the admin key is not limited)
+FAILS = 5  # wrong keys an address may present in the window
 
 
 @dataclass
@@ -47,7 +55,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     with pg_cluster() as pg, node_netns(3, tmp) as node:
         node.start()
         common = {"SBX_DATABASE_URL": pg.create_db("sbx_shared_limits"), "SBX_NODE_URL": node.url,
-                  "SBX_NODE_TOKEN": node.token, "SBX_NODE_HEARTBEAT_SECONDS": "1", "SBX_CONFIG": str(config)}
+                  "SBX_NODE_TOKEN": node.token, "SBX_NODE_HEARTBEAT_SECONDS": "1", "SBX_CONFIG": str(config),
+                  "SBX_RATE_LIMIT": str(RATE), "SBX_RATE_BURST": str(BURST), "SBX_AUTH_FAIL_LIMIT": str(FAILS),
+                  "SBX_AUTH_FAIL_WINDOW": "300"}
         (tmp / "a").mkdir()
         (tmp / "b").mkdir()
         a = FaultServer(tmp / "a", prefix="SBX_SHLA", node="shla", bridge="sbxsla0", subnet="10.79.0.0/16",
@@ -117,3 +127,52 @@ def test_two_replicas_allow_an_accounts_starts_once_in_total(replicas: Replicas)
                  f"{sid} to run", timeout=300)
         for _, _, sid in made:
             assert c.delete(f"/v1/sandboxes/{sid}").status_code < 300
+
+
+def test_two_replicas_hold_a_keys_request_rate_to_one_bucket(replicas: Replicas) -> None:
+    a, b = replicas.a, replicas.b
+    _acct, token = account(b, "ratey", "capped")
+    clients = {"a": keyed(a, token), "b": keyed(b, token)}
+    try:
+        for c in clients.values():  # connections up before the clock starts
+            c.get("/healthz")
+
+        def get(name: str) -> tuple[str, int, str | None]:
+            r = clients[name].get("/v1/account")
+            return name, r.status_code, r.headers.get("retry-after")
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(get, ["a", "b"] * BURST))  # 2 * BURST requests, half at each replica
+        elapsed = time.monotonic() - t0
+    finally:
+        for c in clients.values():
+            c.close()
+    passed = [g for g in got if g[1] == 200]
+    limited = [g for g in got if g[1] == 429]
+    assert len(passed) + len(limited) == len(got), got
+    # one bucket: BURST, and what refilled while they ran (per-replica buckets: all 2 * BURST)
+    assert BURST <= len(passed) <= BURST + int(RATE * elapsed) + 1, (len(passed), elapsed, got)
+    assert {g[0] for g in limited} == {"a", "b"}, got  # refused by either replica once the shared bucket is empty
+    assert all(g[2] is not None and int(g[2]) >= 1 for g in limited), got
+
+
+def test_two_replicas_throttle_an_addresss_wrong_keys_once_in_total(replicas: Replicas) -> None:
+    """(Last in the module: afterwards 127.0.0.1 gets auth_throttled for every key not yet used from it at that
+    replica; the admin key used first at both keeps working for the fixture's clean-up.)"""
+    a, b = replicas.a, replicas.b
+    for fs in (a, b):
+        with admin(fs) as c:
+            assert c.get("/v1/accounts").status_code == 200
+    codes = []
+    for i in range(FAILS + 3):
+        with keyed((a, b)[i % 2], f"sbx_wrong_key_{i:02d}_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx") as c:
+            r = c.get("/v1/sandboxes")
+        codes.append((r.status_code, r.json()["error"]["code"]))
+    assert codes == [(401, "unauthorized")] * FAILS + [(401, "auth_throttled")] * 3, codes
+    _acct, fresh = account(a, "late", "capped")  # a good key never used from here: throttled too, at both
+    for fs in (a, b):
+        with keyed(fs, fresh) as c:
+            assert c.get("/v1/account").json()["error"]["code"] == "auth_throttled"
+        with admin(fs) as c:  # the admin key, known good from here, goes on
+            assert c.get("/v1/accounts").status_code == 200
