@@ -80,7 +80,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         server. RUN steps run as a sandbox's code would: shifted uids, the sandbox network's egress rules."""
         _check_shared(shared, who)
         images.check_new(who.account_id, name)
-        work = Path(tempfile.mkdtemp(prefix=f"upload-{os.getpid()}-", dir=_uploads(cp)))
+        work = _upload_dir(cp)
         try:
             await _receive(request, work / "context.tar")
             context = work / "context"
@@ -102,7 +102,7 @@ def register(v1: APIRouter, cp: ControlPlane) -> None:
         as a tar) or a flat root filesystem tar (``docker export``)."""
         _check_shared(shared, who)
         images.check_new(who.account_id, name)
-        work = Path(tempfile.mkdtemp(prefix=f"upload-{os.getpid()}-", dir=_uploads(cp)))
+        work = _upload_dir(cp)
         try:
             await _receive(request, work / "archive.tar")
         except BaseException:
@@ -139,6 +139,12 @@ def _body(media: str, what: str) -> dict[str, Any]:
 def _check_shared(shared: bool, who: Principal) -> None:
     if shared and not who.admin:
         raise ControlError("admin_only", "only the admin key may make a shared image", 403, field="shared")
+
+
+def _upload_dir(cp: ControlPlane) -> Path:
+    """A new folder for one upload: ``<images_dir>/.uploads/upload-<pid>-<node name>-<random>`` (servers of
+    several nodes share the images folder; each one's uploads carry its process id and node name)."""
+    return Path(tempfile.mkdtemp(prefix=f"upload-{os.getpid()}-{cp.settings.node_name}-", dir=_uploads(cp)))
 
 
 def _uploads(cp: ControlPlane) -> Path:

@@ -49,11 +49,12 @@ def info(srv: Server, sid: str) -> dict[str, Any]:
     return json.loads(ok(srv, "info", sid, "--json"))["sandbox"]  # type: ignore[no-any-return]
 
 
-def uploads() -> list[Path]:
-    """What is left in the server's upload folder (only the image routes write there; the library's own tests check
-    its work folders)."""
+def uploads(server: Server) -> list[Path]:
+    """What this server left in the upload folder (only the image routes write there; the library's own tests check
+    its work folders). Servers of other test files share the folder: theirs carry their own node name."""
     folder = IMAGES_DIR / ".uploads"
-    return sorted(folder.iterdir()) if folder.is_dir() else []
+    node = server.env["SBX_NODE_NAME"]
+    return sorted(p for p in folder.iterdir() if f"-{node}-" in p.name) if folder.is_dir() else []
 
 
 @pytest.fixture(scope="module")
@@ -187,4 +188,4 @@ def test_bad_input_is_refused_with_its_reason_and_leaves_nothing(server: Server,
     ok(server, "image", "delete", "taken")
 
     assert not set(images(server)) & {*cases, "corrupt", "noshell", "taken"}
-    assert uploads() == []  # no upload or unpacked context left
+    assert uploads(server) == []  # no upload or unpacked context left
