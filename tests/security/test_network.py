@@ -107,8 +107,9 @@ def _addr(server: Server, sid: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------------------------- egress
 
 
-def test_metadata_private_ranges_and_the_host_are_out_of_reach(sec_server: Server, remote: str) -> None:
-    sid = new_sandbox(sec_server)
+@pytest.mark.parametrize("runtime", ["container", "gvisor"])
+def test_metadata_private_ranges_and_the_host_are_out_of_reach(sec_server: Server, remote: str, runtime: str) -> None:
+    sid = new_sandbox(sec_server, "--runtime", runtime)
     assert _reaches(sec_server, sid, PUBLIC), "the public-like address must stay reachable (NAT as before)"
     assert not _reaches(sec_server, sid, METADATA)
     assert not _reaches(sec_server, sid, PRIVATE)
