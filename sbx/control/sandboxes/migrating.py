@@ -95,6 +95,9 @@ class MigrateOps(MoveOps):
             if (row.runtime or "container") != "container":  # runsc restores on one host only (issue 33)
                 return ControlError("not_supported", f"sandbox {row.id} is of the {row.runtime} runtime class, which "
                                     "can't live-migrate; stop it and resume it where it should run", 409, row.state)
+            if self.volumes.of_sandbox(row.id):  # their mounts are made in its user namespace (issue 34)
+                return ControlError("not_supported", f"sandbox {row.id} mounts volumes, which don't live-migrate "
+                                    "yet; stop it and resume it where it should run", 409, row.state)
             if row.state != "running":
                 return ControlError("not_running", f"sandbox {row.id} is {row.state}; only a running sandbox "
                                     "migrates (a stopped one moves when it resumes)", 409, row.state)

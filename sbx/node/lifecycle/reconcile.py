@@ -16,7 +16,7 @@ from typing import Any
 from sbx.node.agentbase import NodeBase
 from sbx.node.container import cgroup, recovery
 from sbx.node.network import bridge as network
-from sbx.node.types import NodeStatus
+from sbx.node.types import NodeError, NodeStatus
 from sbx.runtime.runc import kill_process_group, remove_tree
 from sbx.storage import disk as disks
 
@@ -38,8 +38,8 @@ class ReconcileMixin(NodeBase):
           node was moving away is thawed and runs on here, or, when the handover had begun, settled by asking
           the destination (:mod:`sbx.node.migration.outgoing`);
         - a known sandbox whose container still runs (and no stop was interrupted) stays running: it survived the
-          server restart; one restored from a template whose new SSH host keys and sshd were still to come
-          (``identityPending``) gets them now;
+          server restart, and a volume of it that is no longer mounted is mounted again; one restored from a
+          template whose new SSH host keys and sshd were still to come (``identityPending``) gets them now;
         - otherwise any half-made container is removed, the disk unmounted, and the sandbox is ``checkpointed``
           when a complete memory image (with ``host.json``) exists, else ``stopped`` (disk only).
         """
@@ -101,8 +101,13 @@ class ReconcileMixin(NodeBase):
                     self._set_phase(sid, "running")
                     if rec.get("identityPending"):  # restored from a template; its identity thread never ran
                         self._finish_identity(sid)
+                    try:  # a volume whose JuiceFS daemon died with the node is mounted again (sbx.node.volumes)
+                        self._attach_volumes(sid)
+                    except NodeError as e:
+                        log.warning("%s: its volumes could not be mounted again: %s", sid, e.message)
                     result[sid] = "running"
                     continue
+                self._detach_volumes(sid)
                 self._cleanup_container(sid)
                 self._umount(sid)
                 mem_ok = self._memory_usable(sid)
