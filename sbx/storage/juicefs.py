@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 #: Paths a volume may not be mounted over (nor under), inside the sandbox.
 FORBIDDEN_PREFIXES = ("/proc", "/sys", "/dev", "/run/sbx", "/etc/sbx", "/usr/lib/sbx")
 MOUNT_TIMEOUT = 20.0
+#: The environment of what runs inside a sandbox: the host's PATH could name a folder under a volume's path.
+_GUEST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNS = 0x00020000
@@ -172,8 +174,8 @@ def mount_into(init_pid: int, meta: str, path: str, read_only: bool, log: Path) 
 def unmount_from(init_pid: int, path: str) -> None:
     """Detach the volume at ``path`` inside the container whose init is ``init_pid`` (lazily: the mount goes from
     the sandbox's tree at once). No-op when the container or the mount is gone."""
-    p = subprocess.run(["nsenter", "-t", str(init_pid), "-U", "-m", "-p", "-r", "-w", "--", "umount", "-l", path],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(["nsenter", "-t", str(init_pid), "-U", "-m", "-p", "-r", "-w", "--", "umount", "-c", "-l", path],
+                       capture_output=True, text=True, timeout=30, env=_GUEST_ENV)
     if p.returncode != 0:
         log.info("umount %s in %d: %s", path, init_pid, _last_line(p.stderr))
 
@@ -288,7 +290,10 @@ def _helper(init_pid: int, meta: str, path: str, log: Path, mode: str) -> int:
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)  # the sandbox's root: the path is made as it would make it, symlinks resolve inside
-        os.makedirs(path, mode=0o755, exist_ok=True)
+        try:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        except FileExistsError:  # there, though stat fails (a mount whose server died: ENOTCONN)
+            pass
         real = os.path.realpath(path)
         check_path(real)
         _check(_libc.syscall(_SYS_MOVE_MOUNT, tree, b"", -100, real.encode(), 4), "move_mount")

@@ -59,6 +59,10 @@ def attach(rec: dict[str, Any], sid: str, init_pid: int, logs: Path, state: Path
             continue
         if pgid is not None:
             juicefs.stop_daemon(pgid)
+        while juicefs.mounted_in(init_pid, path):  # a mount whose daemon died: ENOTCONN, replaced below
+            juicefs.unmount_from(init_pid, path)
+            if juicefs.mounted_in(init_pid, path):
+                break
         try:
             daemons[path] = juicefs.mount_into(init_pid, vol["meta"], path, bool(vol.get("readOnly")),
                                                logs / f"{sid}-{vol.get('id', 'vol')}.log")
@@ -117,14 +121,3 @@ def _namespaces(init_pid: int) -> list[int]:
             seen.add(mnt)
             out.append(int(entry))
     return out
-
-
-def missing(rec: dict[str, Any], init_pid: int, state: Path) -> bool:
-    """True when a volume of the record's spec is not mounted in the container of ``init_pid`` or its daemon died
-    (what a restarted node agent's reconcile repairs with :func:`attach`)."""
-    daemons = load(state)
-    for vol in volumes_of(rec):
-        pgid = daemons.get(vol["path"])
-        if pgid is None or not juicefs.daemon_alive(int(pgid)) or not juicefs.mounted_in(init_pid, vol["path"]):
-            return True
-    return False

@@ -3,15 +3,21 @@ at once, every line lands exactly once; both see the files as their own ``user``
 database on it passes ``PRAGMA integrity_check`` after a stop with memory and a resume, it outlives ``sbx delete`` of
 every sandbox, ``sbx volume delete`` is refused while a sandbox mounts it, and root inside a sandbox finds neither
 the volume's metadata nor its store (mount table, paths, ``..`` out of the mount, mounting, its own internal files).
+A volume whose daemon died is mounted again by the restarted server's reconcile.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.e2e.faultsrv import FaultServer
 
 pytestmark = pytest.mark.e2e
 
@@ -162,3 +168,38 @@ def _attack(server: Any, sid: str, volume_id: str) -> None:
     # sandbox? no: the sandbox has nothing to mount it from
     after = root("umount /data && ls -A /data; echo end")
     assert after.split() == ["end"], after
+
+
+@pytest.fixture
+def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultServer]:
+    fs = FaultServer(tmp_path_factory.mktemp("sbx-volr"), prefix="SBX_VOLR", node="volrestart", bridge="sbxvolr0",
+                     subnet="10.75.0.0/16")
+    fs.start()
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+def test_a_volume_is_mounted_again_after_its_daemon_and_the_server_died(restartable: FaultServer) -> None:
+    """kill -9 the sandbox's JuiceFS daemon and the server (its node agent): the restarted server's reconcile mounts
+    the volume again, with the files written before, and new writes work."""
+    srv = restartable.srv
+    assert srv is not None
+    srv.sbx("volume", "create", "kept", check=True)
+    sid = _new(srv, "--volume", "kept:/work", "--ttl", "0")["id"]
+    _sh(srv, sid, "echo before > /work/f")
+    daemons = json.loads((restartable.sandbox_dir(sid) / "volumes.json").read_text())
+    assert list(daemons) == ["/work"]
+    os.killpg(int(daemons["/work"]), signal.SIGKILL)
+    r = srv.sbx("exec", sid, "cat /work/f")
+    assert r.returncode != 0 and "Transport endpoint is not connected" in r.stderr + r.stdout, r
+    srv = restartable.restart()
+    assert json.loads(srv.sbx("info", sid, "--json", check=True).stdout)["sandbox"]["state"] == "running"
+    assert _sh(srv, sid, "cat /work/f && echo after >> /work/f && cat /work/f").split() == ["before", "before",
+                                                                                           "after"]
+    again = json.loads((restartable.sandbox_dir(sid) / "volumes.json").read_text())
+    assert again["/work"] != daemons["/work"]
+    assert _sh(srv, sid, "grep -c ' /work ' /proc/self/mountinfo").strip() == "1"
+    srv.sbx("delete", sid, "--wait", check=True)
+    srv.sbx("volume", "delete", "kept", check=True)
