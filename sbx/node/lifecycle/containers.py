@@ -221,6 +221,8 @@ class LifecycleMixin(NodeBase):
             if not self._dir(id).exists():
                 return
             self._detach_volumes(id)
+            for old in (self.settings.volumes_dir / "logs").glob(f"{id}-*.log"):  # its volume daemons' logs
+                old.unlink(missing_ok=True)
             if self.runtime.state(id) is not None:
                 self.runtime.kill(id, signal.SIGKILL)
             self._cleanup_container(id)
