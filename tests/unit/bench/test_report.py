@@ -148,9 +148,10 @@ def test_options() -> None:
     a = parse_args(["--only", "fork, grow", "--repeats", "2", "--json"])
     assert (a.only, a.repeats, a.json) == (["fork", "grow"], 2, True)
     assert list(FIGURES) == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow", "egress",
-                             "density", "template", "forkmem", "migrate", "migclient", "remote", "xresume", "images"]
+                             "density", "template", "forkmem", "migrate", "migclient", "remote", "xresume", "images",
+                             "classes"]
     assert default_figures() == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow",
-                                 "egress", "template", "forkmem", "images"]
+                                 "egress", "template", "forkmem", "images", "classes"]
     # density, migrate(+client), remote, xresume: opt-in
     a = parse_args(["--only", "density", "--density-max", "20", "--density-idle", "5"])
     assert (a.only, a.density_max, a.density_idle) == (["density"], 20, 5.0)
