@@ -25,9 +25,10 @@ from sbx.api.auth import principal
 from sbx.api.models import CreateVolume
 from sbx.control.accounts.keys import Principal
 from sbx.control.service import ControlPlane
+from sbx.control.volumes.catalog import NAME_PATTERN
 
-Name = Annotated[str, PathParam(min_length=1, max_length=100, description="volume name: a lower-case letter or "
-                                "digit, then up to 62 of a-z, 0-9, '.', '_', '-'")]
+Name = Annotated[str, PathParam(min_length=1, max_length=63, pattern=NAME_PATTERN, description="volume name: a "
+                                "lower-case letter or digit, then up to 62 of a-z, 0-9, '.', '_', '-'")]
 
 
 def register(v1: APIRouter, cp: ControlPlane) -> None:
