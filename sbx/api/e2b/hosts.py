@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import sbx.api.e2b.lifecycle as lifecycle
 from sbx.api.e2b.tokens import load_secret, traffic_token
 from sbx.control.sandboxes.routes import RouteRow, parse_host, route_host
-from sbx.control.store.database import as_utc
+from sbx.control.store.database import SandboxRow, as_utc
 
 if TYPE_CHECKING:
     from sbx.control.service import ControlPlane
@@ -35,9 +35,9 @@ TRAFFIC_HEADER = b"e2b-traffic-access-token"
 _SANDBOX_LABEL = re.compile(r"^sb-([a-z0-9]{10})$")
 
 
-def native_host(cp: ControlPlane, host: str) -> str | None:
-    """The sandbox's own hosted-port name (``<port>-<subdomain>.<domain>``) for E2B's ``<port>-sb_<x>.<domain>``
-    (or ``sb-<x>``) under sbx's ``domain``; None when ``host`` is no such name or names no sandbox."""
+def _named(cp: ControlPlane, host: str) -> tuple[int, SandboxRow, str] | None:
+    """``(port, sandbox row, its sbx hosted-port name)`` for E2B's ``<port>-sb_<x>.<domain>`` (or ``sb-<x>``)
+    under sbx's ``domain``; None when ``host`` is no such name or names no sandbox with a subdomain."""
     domain = cp.settings.domain
     parsed = parse_host(host.replace("_", "-"), domain)
     m = _SANDBOX_LABEL.match(parsed[1]) if parsed is not None else None
@@ -46,7 +46,14 @@ def native_host(cp: ControlPlane, host: str) -> str | None:
     row = cp.store.get_sandbox("sb_" + m.group(1))
     if row is None or not row.subdomain:
         return None
-    return route_host(parsed[0], row.subdomain, domain)
+    return parsed[0], row, route_host(parsed[0], row.subdomain, domain)
+
+
+def native_host(cp: ControlPlane, host: str) -> str | None:
+    """The sandbox's own hosted-port name (``<port>-<subdomain>.<domain>``) for E2B's ``<port>-sb_<x>.<domain>``
+    (or ``sb-<x>``) under sbx's ``domain``; None when ``host`` is no such name or names no sandbox."""
+    named = _named(cp, host)
+    return named[2] if named is not None else None
 
 
 def unhosted_route(cp: ControlPlane, host: str) -> tuple[str, RouteRow] | None:
@@ -54,19 +61,15 @@ def unhosted_route(cp: ControlPlane, host: str) -> tuple[str, RouteRow] | None:
     and a route made for this request only (not stored): public, or private with the sandbox's
     ``trafficAccessToken`` as its token (see the module's doc). None for any other host, and for a sandbox that
     is deleted or whose account has ended (the proxy then answers as for any unknown host)."""
-    domain = cp.settings.domain
-    parsed = parse_host(host.replace("_", "-"), domain)
-    m = _SANDBOX_LABEL.match(parsed[1]) if parsed is not None else None
-    if parsed is None or m is None:
+    named = _named(cp, host)
+    if named is None:
         return None
-    row = cp.store.get_sandbox("sb_" + m.group(1))
-    mode = (row.labels or {}).get(lifecycle.PORTS) if row is not None else None
-    if row is None or not row.subdomain or row.state in ("deleted", "deleting") or mode not in (
-            lifecycle.PUBLIC, lifecycle.TRAFFIC_TOKEN):
+    port, row, name = named
+    mode = (row.labels or {}).get(lifecycle.PORTS)
+    if row.state in ("deleted", "deleting") or mode not in (lifecycle.PUBLIC, lifecycle.TRAFFIC_TOKEN):
         return None
-    name = route_host(parsed[0], row.subdomain, domain)
     if cp.routes.account_ended(name):
         return None
     token = traffic_token(load_secret(cp.settings.state_dir), row.id) if mode == lifecycle.TRAFFIC_TOKEN else ""
-    return name, RouteRow(sandbox_id=row.id, port=parsed[0], public=mode == lifecycle.PUBLIC, token=token,
+    return name, RouteRow(sandbox_id=row.id, port=port, public=mode == lifecycle.PUBLIC, token=token,
                           created_at=as_utc(row.created_at))
