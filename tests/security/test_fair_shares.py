@@ -5,6 +5,7 @@ neighbour's exec round trips, idle and under the bomb."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -18,8 +19,10 @@ from tests.security.test_escape import _host_cgroup
 
 pytestmark = pytest.mark.e2e
 
-BOMB = "setsid bash -c 'b(){ b | b & }; b' </dev/null >/dev/null 2>&1 & echo started"
-"""A fork bomb, as ``user``, in a session of its own (it outlives the exec that starts it)."""
+BOMB = "setsid sh -c 'b(){ b | b & }; b' </dev/null >/dev/null 2>&1 & echo started"
+"""A fork bomb, as ``user``, in a session of its own (it outlives the exec that starts it). dash, not bash: a
+thousand bash processes outgrow the test profile's 256 MiB small size, whose OOM killer may then end the
+sandbox itself (a bomb that only harms its own sandbox: the test accepts that too, see below)."""
 
 
 def _read(path: Path) -> str:
@@ -48,12 +51,20 @@ def test_limits_follow_the_size_and_a_fork_bomb_is_held(sec_server: Server) -> N
         assert r.stdout.strip() == "started", r.stderr
         current = _host_cgroup("pids", small) / "pids.current"
         peak, busy = 0, []
-        deadline = time.monotonic() + 6  # short: the bomb takes the CPUs of whatever else runs on the host
-        while time.monotonic() < deadline:
-            peak = max(peak, int(_read(current)))
-            busy += _round_trips(sec_server, neighbour, 1)
         limit = TEST_SIZES["small"].pids_limit
-        assert limit * 0.9 <= peak <= limit, f"the bomb reached {peak} tasks (limit {limit})"
+        # until the bomb holds its limit and the neighbour answered a few times (at most 30 s: the bomb takes the
+        # CPUs of whatever else runs on the host)
+        deadline = time.monotonic() + 30
+        ended = False  # the bomb's sandbox ended by its own OOM (its cgroup is gone)
+        while time.monotonic() < deadline and not (len(busy) >= 5 and (peak >= limit * 0.9 or ended)):
+            try:
+                peak = max(peak, int(_read(current)))
+            except FileNotFoundError:
+                ended = True
+            busy += _round_trips(sec_server, neighbour, 1)
+        assert peak <= limit, f"the bomb reached {peak} tasks (limit {limit})"
+        state = json.loads(sec_server.sbx("info", small, "--json", check=True).stdout)["sandbox"]["state"]
+        assert limit * 0.9 <= peak or (ended and state != "running"), (peak, ended, state)
         t0 = time.monotonic()
         listed = sec_server.sbx("list", "--json", timeout=60)
         took = time.monotonic() - t0
@@ -61,7 +72,7 @@ def test_limits_follow_the_size_and_a_fork_bomb_is_held(sec_server: Server) -> N
         print(f"\nneighbour exec round trip, idle: p50 {statistics.median(idle) * 1e3:.0f} ms, "
               f"max {max(idle) * 1e3:.0f} ms; under a fork bomb of {peak} tasks: p50 "
               f"{statistics.median(busy) * 1e3:.0f} ms, max {max(busy) * 1e3:.0f} ms ({len(busy)} runs); "
-              f"sbx list {took * 1e3:.0f} ms")
+              f"sbx list {took * 1e3:.0f} ms; the bomb's sandbox {state}")
     finally:
         for sid in (small, neighbour):
             sec_server.sbx("delete", sid, "--wait", timeout=300)
