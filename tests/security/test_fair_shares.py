@@ -19,10 +19,12 @@ from tests.security.test_escape import _host_cgroup
 
 pytestmark = pytest.mark.e2e
 
-BOMB = "setsid sh -c 'b(){ b | b & }; b' </dev/null >/dev/null 2>&1 & echo started"
-"""A fork bomb, as ``user``, in a session of its own (it outlives the exec that starts it). dash, not bash: a
-thousand bash processes outgrow the test profile's 256 MiB small size, whose OOM killer may then end the
-sandbox itself (a bomb that only harms its own sandbox: the test accepts that too, see below)."""
+BOMB = "setsid sh -c 'while :; do sleep 1000 & done' </dev/null >/dev/null 2>&1 & echo started"
+"""A fork bomb, as ``user``, in a session of its own (it outlives the exec that starts it): it forks sleepers as
+fast as it can and keeps them, so its task count climbs to its limit and stays there while its loop spins on
+the failing forks. (A recursive ``b | b &`` bomb's tasks are short-lived: under load its count went anywhere from 6
+to 1024, and a thousand bash processes outgrew the test profile's 256 MiB small size.) A bomb that ends its own
+sandbox (its OOM killer) harms no one else: the test accepts that too."""
 
 
 def _read(path: Path) -> str:
