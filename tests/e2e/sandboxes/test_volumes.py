@@ -173,7 +173,7 @@ def _attack(server: Any, sid: str, volume_id: str) -> None:
 @pytest.fixture
 def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultServer]:
     fs = FaultServer(tmp_path_factory.mktemp("sbx-volr"), prefix="SBX_VOLR", node="volrestart", bridge="sbxvolr0",
-                     subnet="10.75.0.0/16")
+                     subnet="10.140.0.0/16")  # its slots (+20 each) meet no other test server
     fs.start()
     try:
         yield fs
