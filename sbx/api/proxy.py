@@ -42,7 +42,6 @@ from sbx.api.e2b.hosts import TRAFFIC_HEADER, native_host, unhosted_route
 from sbx.api.sessions import SESSION_COOKIE
 from sbx.config import Settings
 from sbx.control.errors import ControlError
-from sbx.control.sandboxes.routes import Resolved
 from sbx.control.service import ControlPlane
 from sbx.node.remote.relay import open_relay
 from sbx.node.types import NodeError
@@ -67,12 +66,6 @@ def _error(status: int, code: str, message: str, state: str | None = None, extra
               502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
             "connection: close\r\n").encode() + extra + b"\r\n" + data
-
-
-def _unhosted(cp: ControlPlane, host: str) -> Resolved | None:
-    made = unhosted_route(cp, host)
-    row = cp.store.get_sandbox(made[1].sandbox_id) if made is not None else None
-    return Resolved(row, made[1]) if made is not None and row is not None else None
 
 
 def _strip_token(target: bytes) -> tuple[bytes, str | None]:
@@ -197,7 +190,7 @@ class Proxy:
         name = await asyncio.to_thread(native_host, cp, host) or host
         found = await asyncio.to_thread(cp.routes.resolve, name)
         if found is None:  # E2B's name of a port of a sandbox made through E2B's API: E2B's rule (sbx.api.e2b.hosts)
-            found = await asyncio.to_thread(_unhosted, cp, host)
+            found = await asyncio.to_thread(unhosted_route, cp, host)
         if found is None:
             if await asyncio.to_thread(cp.routes.account_ended, name):  # issue 36: its tokens open nothing now
                 writer.write(_error(401, "unauthorized", "the account of this hosted port was deleted; its port "

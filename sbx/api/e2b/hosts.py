@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import sbx.api.e2b.lifecycle as lifecycle
 from sbx.api.e2b.tokens import load_secret, traffic_token
-from sbx.control.sandboxes.routes import RouteRow, parse_host, route_host
+from sbx.control.sandboxes.routes import Resolved, RouteRow, parse_host, route_host
 from sbx.control.store.database import SandboxRow, as_utc
 
 if TYPE_CHECKING:
@@ -56,9 +56,9 @@ def native_host(cp: ControlPlane, host: str) -> str | None:
     return named[2] if named is not None else None
 
 
-def unhosted_route(cp: ControlPlane, host: str) -> tuple[str, RouteRow] | None:
-    """For E2B's name of a port no route hosts, of a sandbox created through E2B's API: its sbx hosted-port name
-    and a route made for this request only (not stored): public, or private with the sandbox's
+def unhosted_route(cp: ControlPlane, host: str) -> Resolved | None:
+    """For E2B's name of a port no route hosts, of a sandbox created through E2B's API: its row and a route made
+    for this request only (not stored): public, or private with the sandbox's
     ``trafficAccessToken`` as its token (see the module's doc). None for any other host, and for a sandbox that
     is deleted or whose account has ended (the proxy then answers as for any unknown host)."""
     named = _named(cp, host)
@@ -71,5 +71,5 @@ def unhosted_route(cp: ControlPlane, host: str) -> tuple[str, RouteRow] | None:
     if cp.routes.account_ended(name):
         return None
     token = traffic_token(load_secret(cp.settings.state_dir), row.id) if mode == lifecycle.TRAFFIC_TOKEN else ""
-    return name, RouteRow(sandbox_id=row.id, port=port, public=mode == lifecycle.PUBLIC, token=token,
-                          created_at=as_utc(row.created_at))
+    return Resolved(row, RouteRow(sandbox_id=row.id, port=port, public=mode == lifecycle.PUBLIC, token=token,
+                                  created_at=as_utc(row.created_at)))
