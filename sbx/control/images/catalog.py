@@ -233,13 +233,15 @@ class Images:
         if row.account_id != account_id and not admin:
             raise ControlError("image_not_found", f"no image named {name!r} of this account", 404)
         with self.plane.store.session() as s:
-            users = list(s.scalars(select(SandboxRow.id).where(SandboxRow.image_id == row.id,
-                                                               SandboxRow.state != "deleted")))
+            users = list(s.execute(select(SandboxRow.id, SandboxRow.state).where(SandboxRow.image_id == row.id,
+                                                                                 SandboxRow.state != "deleted")))
             same = s.scalars(select(ImageRow.id).where(ImageRow.key == row.key, ImageRow.id != row.id)).first()
         if users:
-            shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
-            raise ControlError("image_in_use", f"image {name!r} is in use by {shown}: delete those sandboxes "
-                               "first", 409)
+            named = [f"{sid} (being deleted)" if state == "deleting" else sid for sid, state in users]
+            shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+            then = ("wait for their deletion (sbx delete --wait)" if all(st == "deleting" for _, st in users)
+                    else "delete those sandboxes first")
+            raise ControlError("image_in_use", f"image {name!r} is in use by {shown}: {then}", 409)
         with self.plane.store.session() as s, s.begin():
             live = s.get(ImageRow, row.id)
             if live is not None:

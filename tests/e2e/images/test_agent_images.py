@@ -34,5 +34,5 @@ def test_a_ready_image_builds_and_its_tool_runs(server: Server, name: str, check
         out = ok(server, "exec", sid, check)
         assert want in out, out
     finally:
-        ok(server, "delete", sid)
+        ok(server, "delete", sid, "--wait")  # an image is in use until its sandboxes are gone
         ok(server, "image", "delete", name)

@@ -103,7 +103,7 @@ def test_a_dockerfile_image_runs_as_its_dockerfile_says(server: Server, context:
         r = fails(server, "image", "delete", "app")
         assert "image_in_use" in r.stderr and sid in r.stderr
     finally:
-        ok(server, "delete", sid)
+        ok(server, "delete", sid, "--wait")
     ok(server, "image", "delete", "app")
     assert "app" not in images(server)
 
@@ -137,7 +137,7 @@ def _imported_archives_boot(server: Server) -> None:
     sid = ok(server, "new", "--image", "trixie").strip()
     out = ok(server, "exec", sid, "cut -d. -f1 /etc/debian_version; systemctl is-system-running; whoami")
     assert out.split() == ["13", "running", "user"], out
-    ok(server, "delete", sid)
+    ok(server, "delete", sid, "--wait")
 
     sid = ok(server, "new", "--image", "busybox").strip()
     try:
@@ -151,11 +151,11 @@ def _imported_archives_boot(server: Server) -> None:
         r = fails(server, "exec", sid, "--detach", "true")
         assert "not_supported" in r.stderr, r.stderr
     finally:
-        ok(server, "delete", sid)
+        ok(server, "delete", sid, "--wait")
 
     sid = ok(server, "new", "--image", "flat").strip()
     assert ok(server, "exec", sid, "systemctl is-system-running").strip() == "running"
-    ok(server, "delete", sid)
+    ok(server, "delete", sid, "--wait")
     for name in ("trixie", "busybox", "flat"):
         ok(server, "image", "delete", name)
 

@@ -60,6 +60,6 @@ def test_an_image_sandbox_moves_live_to_a_node_without_the_image(cluster: tuple[
         r = srv.sbx("image", "delete", "app")
         assert r.returncode != 0 and "image_in_use" in r.stderr
     finally:
-        ok(srv, "delete", sid)
+        ok(srv, "delete", sid, "--wait")
         srv.sbx("image", "delete", "app")
     assert "app" not in ok(srv, "image", "list")

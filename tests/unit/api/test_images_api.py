@@ -130,8 +130,13 @@ def test_sandboxes_start_from_an_image_and_keep_it(api: Api) -> None:
     assert (r.status_code, r.json()["error"]["code"]) == (404, "image_not_found")
     r = api.post("/v1/sandboxes", json={"image": "tools", "fromSnapshot": "snap1"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_image")
-    for sid in (sb["id"], fork["id"], again["id"]):
+    for sid in (fork["id"], again["id"]):
         assert api.delete(f"/v1/sandboxes/{sid}?wait=true").status_code == 200
+    api.control.store.update_sandbox(sb["id"], state="deleting")  # a delete without --wait answers before it is gone
+    r = api.delete("/v1/images/tools")
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "image_in_use")
+    assert f"{sb['id']} (being deleted): wait for their deletion" in r.json()["error"]["message"]
+    api.control.store.update_sandbox(sb["id"], state="deleted")
     assert api.delete("/v1/images/tools").status_code == 200
 
 
