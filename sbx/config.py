@@ -157,6 +157,12 @@ class Settings:
     disk_reserve_gib: float = 5.0
     """Admission (issue 17): a sandbox is refused (``507 insufficient_capacity``) when the host filesystem under the
     data volume (or the volume itself) would keep less than this many GiB free after the new disk's likely growth."""
+    disk_floor_gib: float = 2.0
+    """A full host (issue 36, :mod:`sbx.control.cluster.diskguard`): below this many GiB free under the data volume the
+    node stops its fastest-growing sandboxes (``stop_reason`` ``disk_full``); between it and ``disk_reserve_gib``
+    it only refuses new work, pauses automatic snapshots and tells the sandboxes' owners (``disk_low`` events)."""
+    disk_check_seconds: float = 5.0
+    """Seconds between two checks of every node's free space by the disk guard (0 turns it off)."""
     trim_seconds: int = 30
     """Seconds between two ``fstrim`` passes of the data volume, which give the blocks it freed (deleted sandboxes,
     snapshots, memory images, discards from sandbox disks) back to the host's filesystem
@@ -336,6 +342,8 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_MEMORY_RESERVE_MIB": ("memory_reserve_mib", int),
     "SBX_MEMORY_OVERCOMMIT": ("memory_overcommit", float),
     "SBX_DISK_RESERVE_GIB": ("disk_reserve_gib", float),
+    "SBX_DISK_FLOOR_GIB": ("disk_floor_gib", float),
+    "SBX_DISK_CHECK_SECONDS": ("disk_check_seconds", float),
     "SBX_TEMPLATES": ("templates", _flag),
     "SBX_WARM_POOL": ("warm_pool", int),
     "SBX_TRIM_SECONDS": ("trim_seconds", int),
