@@ -9,6 +9,7 @@ figures (``SBX_PROFILE=test``) so a 2-core, 24 GiB machine can run several sandb
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -101,6 +102,9 @@ class Settings:
       default): SQLite at ``state_dir/sbx.db``.
     - ``s3_endpoint`` / ``s3_bucket`` / ``s3_access_key`` / ``s3_secret_key``: an S3-compatible bucket for the data
       of persistent volumes (``SBX_S3_*``). No bucket (the default): a local directory store under ``volumes_dir``.
+    - ``seal_store``: where stopped sandboxes' seals go so they outlive their node (:mod:`sbx.control.cluster.archive`):
+      ``s3://BUCKET[/PREFIX]`` (with ``s3_endpoint``, ``s3_region`` and the ``s3_*`` credentials) or an absolute
+      directory (``SBX_SEAL_STORE``). Empty (the default): seals stay on the nodes (and their replicas).
     """
 
     home: Path = Path("/var/lib/sbx")
@@ -114,6 +118,8 @@ class Settings:
     s3_bucket: str = ""
     s3_access_key: str = ""
     s3_secret_key: str = ""
+    s3_region: str = ""
+    seal_store: str = ""
     domain: str = "sbx.localhost"
     host: str = "127.0.0.1"
     port: int = 7070
@@ -207,6 +213,12 @@ class Settings:
     node_token: str = ""
     """The node token both sides share: a node agent accepts only requests that carry it, and a server sends it.
     Empty on a node agent: it makes one in ``state_dir/node-token`` and prints where."""
+    node_tls_dir: Path | None = None
+    """Mutual TLS between servers and node agents (:mod:`sbx.tls`): the folder with ``ca.crt`` (the installation
+    CA), ``cert.pem`` and ``key.pem`` (this process's certificate) and, on the host that issues certificates,
+    ``ca.key``. Unset: ``state_dir/tls``. A node agent that finds the three files serves HTTPS that demands a
+    client certificate of the CA; a server that finds them reaches ``https://`` nodes with its certificate and
+    refuses ``http://`` ones that are not on loopback."""
     node_host: str = "127.0.0.1"
     """Where ``sbx node serve`` listens (its address on the network between servers and nodes)."""
     node_port: int = 7700
@@ -221,6 +233,9 @@ class Settings:
     stopped
     sandbox's disk and memory image to a second node, so it can resume there when its own node is gone (also
     right after each stop). 0 = off."""
+    seal_store_seconds: float = 5.0
+    """Seconds between two passes of the loop that uploads each stopped sandbox's new seal to ``seal_store`` (and
+    retries a failed upload); 0 = off."""
     metrics_token: str = ""
     """When set, ``GET /metrics`` (server and node agent) answers only ``Authorization: Bearer <it>``; empty (the
     default): it answers anyone who reaches the port (its series are aggregates: :mod:`sbx.metrics`)."""
@@ -290,6 +305,11 @@ class Settings:
         return self.volume / "images"
 
     @property
+    def tls_dir(self) -> Path:
+        """``node_tls_dir`` when set, else ``state_dir/tls`` (:mod:`sbx.tls`)."""
+        return self.node_tls_dir or self.state_dir / "tls"
+
+    @property
     def node_dir(self) -> Path:
         return self.volume / "nodes" / self.node_name
 
@@ -318,6 +338,9 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_S3_BUCKET": ("s3_bucket", str),
     "SBX_S3_ACCESS_KEY": ("s3_access_key", str),
     "SBX_S3_SECRET_KEY": ("s3_secret_key", str),
+    "SBX_S3_REGION": ("s3_region", str),
+    "SBX_SEAL_STORE": ("seal_store", str),
+    "SBX_SEAL_STORE_SECONDS": ("seal_store_seconds", float),
     "SBX_NODE_NAME": ("node_name", str),
     "SBX_STATE_DIR": ("state_dir", Path),
     "SBX_BRIDGE": ("bridge", str),
@@ -355,6 +378,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_NODE_URL": ("node_url", str),
     "SBX_NODE_TOKEN": ("node_token", str),
     "SBX_NODE_HOST": ("node_host", str),
+    "SBX_NODE_TLS_DIR": ("node_tls_dir", Path),
     "SBX_NODE_PORT": ("node_port", int),
     "SBX_NODE_HEARTBEAT_SECONDS": ("node_heartbeat_seconds", float),
     "SBX_NODE_UNREACHABLE_SECONDS": ("node_unreachable_seconds", float),
@@ -385,7 +409,7 @@ def load_settings(**overrides: object) -> Settings:
             data = tomllib.load(f)
         for key, value in data.items():
             if key in Settings.__dataclass_fields__ and key != "sizes":
-                if key in ("home", "state_dir"):
+                if key in ("home", "state_dir", "node_tls_dir"):
                     value = Path(value)
                 elif key in ("egress_allow", "dns_upstreams") and isinstance(value, list):  # TOML may list them
                     value = ",".join(str(v) for v in value)
@@ -402,6 +426,11 @@ def load_settings(**overrides: object) -> Settings:
     if settings.default_runtime not in RUNTIME_CLASSES:
         raise ValueError(f"default_runtime (SBX_DEFAULT_RUNTIME) {settings.default_runtime!r} is not one of "
                          f"{', '.join(RUNTIME_CLASSES)}")
+    store = settings.seal_store
+    if store and not (re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", store) or store.startswith("/")
+                      or store.startswith("file:///")):
+        raise ValueError(f"seal_store (SBX_SEAL_STORE) {store!r} is neither s3://BUCKET[/PREFIX] nor an absolute "
+                         "directory")
     if settings.profile == "test":
         settings = replace(settings, sizes=dict(TEST_SIZES))
     return settings
