@@ -93,7 +93,9 @@ from sbx.api.models import (
 from sbx.config import Settings
 from sbx.control.accounts.keys import Principal
 from sbx.control.accounts.limits import shared_limits
+from sbx.control.cluster.archive import Archiver
 from sbx.control.cluster.consolidate import Consolidator
+from sbx.control.cluster.diskguard import DiskGuard
 from sbx.control.cluster.replicas import Replicator
 from sbx.control.errors import ControlError
 from sbx.control.reaper import Reaper
@@ -101,6 +103,7 @@ from sbx.control.service import ControlPlane, job_view
 from sbx.control.store.database import SandboxRow
 from sbx.control.store.state import DEFAULT_WAIT
 from sbx.node.types import NodeAgent
+from sbx.storage.errors import StorageError
 
 log = logging.getLogger("sbx.api")
 
@@ -152,22 +155,31 @@ def create_app(
     ``serve_ssh``: also run the SSH gateway on ``settings.ssh_gateway_port`` unless it is 0 (:mod:`sbx.api.sshgateway`;
     a port that can't be bound is logged, the rest of the server runs).
     Starting the app (its lifespan) reconciles with the node and starts the reaper, the consolidation loop
-    (:mod:`sbx.control.cluster.consolidate`), the seal replicator (:mod:`sbx.control.cluster.replicas`) and the proxy;
+    (:mod:`sbx.control.cluster.consolidate`), the seal replicator (:mod:`sbx.control.cluster.replicas`), the seal
+    store's uploader (:mod:`sbx.control.cluster.archive`) and the proxy;
     stopping
     it stops them.
     """
     api_token = token if token is not None else ensure_token(settings)
     cp = control or ControlPlane(settings, node, wait=wait)
-    reaper = Reaper(cp, tick=reaper_tick)
+    guard = DiskGuard(cp)
+    reaper = Reaper(cp, tick=reaper_tick, snapshots_paused=guard.low)
     consolidator = Consolidator(cp)
     replicator = Replicator(cp)
+    archiver = Archiver(cp)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         cp.start()
         reaper.start()
+        guard.start()
         consolidator.start()
         replicator.start()
+        try:
+            archiver.start()  # checks the seal store first: a wrong bucket or credentials stop the start here
+        except StorageError as e:
+            log.error("the seal store %s can't be used: %s", settings.seal_store, e)
+            raise
         proxy = None
         if serve_proxy:
             from sbx.api.proxy import Proxy
@@ -191,8 +203,10 @@ def create_app(
                 await gateway.close()
             if proxy is not None:
                 await proxy.close()
+            archiver.stop()
             replicator.stop()
             consolidator.stop()
+            guard.stop()
             reaper.stop()
             cp.close()
 
@@ -206,6 +220,7 @@ def create_app(
     app.state.control = cp
     app.state.reaper = reaper
     app.state.consolidator = consolidator
+    app.state.diskguard = guard
     cp.accounts.bootstrap(api_token)
     app.state.gate = Gate(cp.accounts, settings, limits=shared_limits(cp.store))  # (PostgreSQL: shared)
 

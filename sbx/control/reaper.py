@@ -5,7 +5,8 @@
   stopped, keeping its memory (disk only for a ``no_snapshots`` sandbox).
 - Automatic snapshots: every ``settings.auto_snapshot_seconds`` (0 disables) a running sandbox gets a snapshot
   named ``auto-<id>-<YYYYmmddTHHMMSSZ>``; only the newest ``settings.auto_snapshot_keep`` automatic ones are kept.
-  Skipped for ``no_snapshots`` sandboxes.
+  Skipped for ``no_snapshots`` sandboxes, and paused while the sandbox's node is short of disk
+  (``snapshots_paused(node)``: :meth:`sbx.control.cluster.diskguard.DiskGuard.low`).
 - Event pruning: once an hour, lifecycle events older than ``settings.event_retention_seconds`` are deleted.
 
 With several server replicas on one PostgreSQL database only the elected one reaps: each tick a replica that does
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 
 from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
@@ -37,9 +39,11 @@ class Reaper(LeaderLoop):
     what = "reaper"
     pass_log = log
 
-    def __init__(self, control: ControlPlane, tick: float = 5.0):
+    def __init__(self, control: ControlPlane, tick: float = 5.0,
+                 snapshots_paused: Callable[[str | None], bool] = lambda _node: False):
         super().__init__(control.store.engine, "reaper", tick, join_timeout=tick + 30)
         self.control = control
+        self.snapshots_paused = snapshots_paused
         self.tick = tick
         self._first_seen: dict[str, float] = {}
         self._pruned_at: float | None = None
@@ -73,7 +77,7 @@ class Reaper(LeaderLoop):
                 except ControlError as e:
                     log.info("ttl stop of %s skipped: %s", row.id, e.message)
                 continue
-            if settings.auto_snapshot_seconds > 0 and not row.no_snapshots:
+            if settings.auto_snapshot_seconds > 0 and not row.no_snapshots and not self.snapshots_paused(row.node):
                 self._auto_snapshot(row.id)
 
     def _auto_snapshot(self, sandbox_id: str) -> None:
