@@ -367,6 +367,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_DISK_RESERVE_GIB": ("disk_reserve_gib", float),
     "SBX_DISK_FLOOR_GIB": ("disk_floor_gib", float),
     "SBX_DISK_CHECK_SECONDS": ("disk_check_seconds", float),
+    "SBX_VOLUME_SIZE_GIB": ("volume_size_gib", int),
     "SBX_TEMPLATES": ("templates", _flag),
     "SBX_WARM_POOL": ("warm_pool", int),
     "SBX_TRIM_SECONDS": ("trim_seconds", int),
