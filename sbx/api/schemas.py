@@ -101,6 +101,8 @@ class Sandbox(Out):
     nodeStatus: NodeStatus = Field(description="its node's status; `state` is kept while the node is unreachable")
     replicaNode: str | None = Field(None, description="stopped: the node holding a current copy of its disk and "
                                                       "memory image (it resumes there if its own node is gone)")
+    sealStored: bool = Field(False, description="stopped: its current seal (disk and memory image) is in the seal "
+                             "store (SBX_SEAL_STORE), where it resumes from should its node and any replica be gone")
     stats: Stats
     volumes: list[SandboxVolume] = Field(default_factory=list, description="the volumes it mounts")
 

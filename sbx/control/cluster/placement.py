@@ -131,6 +131,8 @@ class ResumePlace:
     replica: bool = False
     """The move takes the seal replica ``node`` already holds (:mod:`sbx.control.cluster.replicas`) instead of a
     copy."""
+    archive: bool = False
+    """The move takes the sandbox's seal from the seal store (:mod:`sbx.control.cluster.archive`): its node is gone."""
 
 
 def choose_resume(candidates: Iterable[Candidate], settings: Settings, size: Size, what: str, current: str,

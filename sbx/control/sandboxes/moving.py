@@ -56,6 +56,14 @@ class MoveOps(PlaneBase):
             raise
         if rep is not None and place.moves and place.node == rep.node:  # the replica saves the copy
             place = placement.ResumePlace(place.node, moves=True, memory=place.memory and rep.memory, replica=True)
+        elif place.moves and self.archive is not None and (src is None or src.status == "unreachable"):
+            arch = self.archive.current(row)
+            if arch is not None:  # its node is gone: from the seal store (sbx.control.cluster.archive)
+                dst = next(c for c in cands if c.name == place.node)
+                memory = has_memory and arch.memory and placement.fingerprint_matches(dst.fingerprint,
+                                                                                      arch.fingerprint or {})
+                log.info("%s: its node is unreachable; its seal comes from the seal store to %s", what, place.node)
+                place = placement.ResumePlace(place.node, moves=True, memory=memory, archive=True)
         if require_memory and not place.memory:
             return None
         return place
@@ -91,14 +99,19 @@ class MoveOps(PlaneBase):
                                 "stopped (resume without --require-memory to boot it from its disk)")
             time.sleep(min(2.0, left))
 
-    def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None, replica: bool = False) -> None:
+    def _move(self, sandbox_id: str, src: str, dst: str, reason: str | None = None, replica: bool = False,
+              archive: bool = False) -> None:
         """Move the stopped sandbox from node ``src`` to ``dst`` (module docstring); with ``replica``, ``dst``
-        turns the seal replica it holds into the sandbox instead (``src`` need not answer). Event ``moved`` (with
-        ``reason``, e.g. ``drain`` or ``consolidation``, when given; ``replica`` true when a replica was used).
+        turns the seal replica it holds into the sandbox instead (``src`` need not answer); with ``archive``, ``dst``
+        receives its seal from the seal store (``src`` need not answer). Event ``moved`` (with
+        ``reason``, e.g. ``drain`` or ``consolidation``, when given; ``replica`` true when a replica was used,
+        ``sealStore`` true when the seal store was).
         Raises ``NodeError``; the sandbox is then still on ``src``. A source that doesn't answer the delete of its
         copy keeps it until it does (``node_leftovers``)."""
         if replica:
             info = promote_replica(self.router.agent(dst), sandbox_id)
+        elif archive and self.archive is not None and (arch := self.archive.get(sandbox_id)) is not None:
+            info = self.archive.restore(self.router.agent(dst), arch)
         else:
             info = move_stopped(self.router.agent(src), self.router.agent(dst), sandbox_id)
         self.store.update_sandbox(sandbox_id, node=dst)
@@ -108,7 +121,8 @@ class MoveOps(PlaneBase):
                  src, dst, info["bytes"], info["files"], info["delta"], info["memory"], info["seconds"])
         self.add_event(sandbox_id, {"event": "moved", "id": sandbox_id, "from": src, "to": dst,
                                     "bytes": info["bytes"], "memory": info["memory"],
-                                    **({"reason": reason} if reason else {}), **({"replica": True} if replica else {})})
+                                    **({"reason": reason} if reason else {}), **({"replica": True} if replica else {}),
+                                    **({"sealStore": True} if archive else {})})
         try:
             self.router.agent(src).delete(sandbox_id)
         except NodeError as e:  # the replicator deletes it once that node answers again

@@ -287,7 +287,7 @@ class LifecycleOps(ForkOps):
                 if place.moves:
                     try:
                         self._move(sandbox_id, before.node or self.router.default_name, place.node,
-                                   replica=place.replica)
+                                   replica=place.replica, archive=place.archive)
                     finally:  # moved: the row names the destination now; or not moved
                         self._unreserve(sandbox_id)
                 flags["resuming"] = True

@@ -20,6 +20,7 @@ from sbx.control.accounts import plans
 from sbx.control.accounts.keys import Accounts
 from sbx.control.accounts.metering import Meter
 from sbx.control.cluster import capacity
+from sbx.control.cluster.archive import SealArchive
 from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.registry import NodeRegistry
 from sbx.control.cluster.replicas import ReplicaBook, forget_on_state_change
@@ -104,6 +105,8 @@ class PlaneBase(Admission):
         self.store.state_hooks.append(self.meter.on_state)
         self.replicas = ReplicaBook(self.store)  # seal replicas on other nodes (sbx.control.cluster.replicas)
         self.store.state_hooks.append(forget_on_state_change)
+        # the seal store, when one is set (sbx.control.cluster.archive)
+        self.archive = SealArchive(self.store, settings) if settings.seal_store else None
         self.optimer = OpTimer()  # sbx_operation_seconds (sbx.control.sandboxes.observe)
         self.store.state_hooks.append(self.optimer.on_state)
         self.sampler = Sampler(self.router, lambda: [r.id for r in self.store.list_sandboxes() if r.state == "running"],
@@ -138,7 +141,8 @@ class PlaneBase(Admission):
         was killed in; null otherwise), ``node`` (the node that holds it) and ``nodeStatus`` (``ready``,
         ``cordoned`` or ``unreachable``: :mod:`sbx.control.cluster.registry`; ``state`` stays what it was while its
         node is unreachable), ``replicaNode`` (a stopped sandbox's node holding a current copy of its disk and memory
-        image, where it resumes should its own node be gone: :mod:`sbx.control.cluster.replicas`; null otherwise).
+        image, where it resumes should its own node be gone: :mod:`sbx.control.cluster.replicas`; null otherwise),
+        ``sealStored`` (a stopped sandbox whose current seal is in the seal store: :mod:`sbx.control.cluster.archive`).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -171,6 +175,7 @@ class PlaneBase(Admission):
             "node": row.node or self.registry.name,
             "nodeStatus": self.registry.status(row.node),
             "replicaNode": self._replica_node(row),
+            "sealStored": self.archive is not None and self.archive.current(row) is not None,
             "stats": stats_view(self._stats(row, space) if stats else None),
         }
 

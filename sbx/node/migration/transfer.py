@@ -44,7 +44,7 @@ from sbx.storage.errors import StorageError
 CHUNK = 1 << 20
 """Bytes per piece of a transferred file."""
 
-EXPORT_KINDS = ("move", "replica")
+EXPORT_KINDS = ("move", "replica", "archive")
 """What an export is for: a move (the sandbox leaves this node) or a seal replica (a copy kept on another node)."""
 
 SEEK_DATA, SEEK_HOLE = 3, 4
@@ -138,11 +138,12 @@ class TransferMixin(NodeBase):
 
     def _export_dir(self, sid: str, kind: str = "move") -> Path:
         """Where an export of ``sid`` is prepared: ``export`` for a move, ``export-replica`` for a seal replica
-        (:mod:`sbx.node.migration.replicas`), so the two never share files. Raises ``NodeError("bad_call")`` for another
+        (:mod:`sbx.node.migration.replicas`), ``export-archive`` for the seal store
+        (:mod:`sbx.control.cluster.archive`), so they never share files. Raises ``NodeError("bad_call")`` for another
         ``kind``."""
         if kind not in EXPORT_KINDS:
-            raise NodeError("bad_call", f"an export is for a move or a replica, not {kind!r}")
-        return self._dir(sid) / ("export" if kind == "move" else "export-replica")
+            raise NodeError("bad_call", f"an export is for a move, a replica or the seal store, not {kind!r}")
+        return self._dir(sid) / ("export" if kind == "move" else f"export-{kind}")
 
     def _incoming(self, sid: str) -> Path:
         return self.settings.node_dir / "incoming" / sid
@@ -158,7 +159,8 @@ class TransferMixin(NodeBase):
     def export_stopped(self, id: str, parent: dict[str, str] | None = None, kind: str = "move") -> dict[str, Any]:
         """Prepare the stopped sandbox ``id`` for a move (step 2 of the module docstring): the disk delta against this
         node's base image when ``parent`` (the destination's :meth:`transfer_parent`) has the same digest, else a full
-        one. ``kind="replica"``: for a seal replica (:mod:`sbx.node.migration.replicas`): prepared apart from a move's
+        one. ``kind="replica"`` (or ``"archive"``, for the seal store): for a seal replica
+        (:mod:`sbx.node.migration.replicas`): prepared apart from a move's
         export, and the memory image's files are hard-linked into it, so a resume that discards the image meanwhile, or
         a later dump, can't change what is sent. Returns the manifest: ``{"id", "spec", "size", "diskGen", "uidBase",
         "oomKills", "memory": bool, "freshIdentity": bool (a fork whose first start is still to come), "parent":
@@ -187,7 +189,7 @@ class TransferMixin(NodeBase):
                 mem = self._memory(id)
                 for p in sorted(mem.rglob("*")):
                     if p.is_file():
-                        if kind == "replica":
+                        if kind != "move":
                             (out / "memory" / p.relative_to(mem)).parent.mkdir(parents=True, exist_ok=True)
                             os.link(p, out / "memory" / p.relative_to(mem))
                         files[f"memory/{p.relative_to(mem)}"] = {"size": p.stat().st_size, "sha256": _sha256_file(p),
@@ -213,7 +215,7 @@ class TransferMixin(NodeBase):
         except (OSError, ValueError):
             raise NodeError("not_found", f"sandbox {id} has no export in progress") from None
         name = _safe_name(name, manifest["files"])
-        path = out / name if name == "disk.delta" or kind == "replica" else self._memory(id) / name[len("memory/"):]
+        path = out / name if name == "disk.delta" or kind != "move" else self._memory(id) / name[len("memory/"):]
         try:
             f = path.open("rb")
         except OSError as e:
