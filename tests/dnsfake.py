@@ -9,7 +9,7 @@ import socket
 import struct
 import threading
 
-from dnslib import QTYPE, RR, A, DNSRecord
+from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 
 #: The address every A query is answered with.
 FAKE_ANSWER = "192.0.2.1"
@@ -33,7 +33,8 @@ while True:
 class FakeNameserver:
     """A nameserver on ``address:port`` (port 0: the kernel picks; UDP, and TCP with ``tcp``) that answers every
     query with an A record of :data:`FAKE_ANSWER` and records the names asked in ``names``. A name starting with
-    ``big`` gets a truncated UDP answer (``TC``, no records) and the full one over TCP. Bound to one address, so its
+    ``big`` gets a truncated UDP answer (``TC``, no records) and the full one over TCP; one starting with ``flaky``
+gets ``SERVFAIL`` the first time it is asked. Bound to one address, so its
     UDP answers come from the address asked (a resolver's connected socket takes no other). Serves from daemon
     threads until :meth:`close`."""
 
@@ -64,7 +65,9 @@ class FakeNameserver:
         q = DNSRecord.parse(data)
         self.names.append(str(q.q.qname))
         r = q.reply()
-        if str(q.q.qname).startswith("big") and not tcp:
+        if str(q.q.qname).startswith("flaky") and self.names.count(str(q.q.qname)) == 1:
+            r.header.rcode = RCODE.SERVFAIL  # a passing failure: the first time only
+        elif str(q.q.qname).startswith("big") and not tcp:
             r.header.tc = 1
         else:
             r.add_answer(RR(q.q.qname, QTYPE.A, rdata=A(FAKE_ANSWER), ttl=5))

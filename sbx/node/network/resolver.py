@@ -51,6 +51,8 @@ log = logging.getLogger("sbx.node.dns")
 
 #: Seconds one upstream has to answer a query before the next one is asked.
 UPSTREAM_TIMEOUT = 2.0
+#: Seconds waited before asking the upstreams again after a ``SERVFAIL`` (:meth:`Resolver._forward`).
+RETRY_DELAYS = (0.3, 1.0)
 #: Largest UDP message read from a sandbox or an upstream (bytes).
 MAX_UDP = 65535
 #: Seconds a TCP connection from a sandbox may stay idle between two queries.
@@ -351,6 +353,19 @@ class Resolver:
         return reply
 
     async def _forward(self, data: bytes, tcp: bool) -> bytes | None:
+        """:meth:`_ask_upstreams`, asked again after each of :data:`RETRY_DELAYS` while the answer is
+        ``SERVFAIL`` (an upstream's passing failure then costs the sandbox a delay, not a failed lookup: an image
+        build's ``apt-get update`` gives up on the first one); the last answer, or None (no upstream answered in
+        time: not asked again, the sandbox's own resolver retries on its timeout)."""
+        reply = await self._ask_upstreams(data, tcp)
+        for delay in RETRY_DELAYS:
+            if reply is None or rcode_of(reply) != "SERVFAIL":
+                break
+            await asyncio.sleep(delay)
+            reply = await self._ask_upstreams(data, tcp) or reply
+        return reply
+
+    async def _ask_upstreams(self, data: bytes, tcp: bool) -> bytes | None:
         """Ask each upstream in turn with a fresh id, over UDP; the first answer carrying it, or None. A truncated
         answer (``TC``) to a query that came over TCP is asked again over TCP, and kept when that fails."""
         for host, port in self.upstreams():

@@ -231,6 +231,18 @@ def test_dead_upstream_gives_servfail_and_a_second_one_is_tried(upstream: FakeNa
         r.close()
 
 
+def test_a_passing_servfail_is_asked_again(upstream: FakeNameserver) -> None:
+    port = _free_port()
+    r = resolver.Resolver("127.0.0.1", port, upstreams=(("127.0.0.1", upstream.port),), rate=100, burst=100)
+    r.start()
+    try:
+        a = _ask(port, "flaky.example", timeout=5)
+        assert a is not None and a.header.rcode == RCODE.NOERROR and a.rr
+        assert upstream.asked("flaky.example.") == 2
+    finally:
+        r.close()
+
+
 def test_junk_is_dropped_and_the_port_taken_is_an_error() -> None:
     port = _free_port()
     r = resolver.Resolver("127.0.0.1", port, upstreams=(("127.0.0.1", 9),))
