@@ -185,7 +185,10 @@ def _sources(osr: dict[str, str]) -> list[str]:
     return [f"{line} main" for line in lines]
 
 
-_APT = "apt-get -q -o Dir::Etc::SourceList=/tmp/sbx.list -o Dir::Etc::SourceParts=/tmp/sbx.d -o Acquire::Languages=none"
+_APT = (
+    "apt-get -q -o Dir::Etc::SourceList=/tmp/sbx.list -o Dir::Etc::SourceParts=/tmp/sbx.d -o Acquire::Languages=none"
+    " -o Acquire::Retries=3"  # a download or lookup that fails for a moment is tried again
+)
 
 
 def _install(view: Path, base: int, osr: dict[str, str], network: AbstractContextManager[str] | None,
