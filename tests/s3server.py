@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 
@@ -65,3 +67,14 @@ class S3Server:
 
         boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
                      aws_secret_access_key=SECRET_KEY).create_bucket(Bucket=name)
+
+
+@contextmanager
+def s3_server(bucket: str) -> Iterator[S3Server]:
+    """A started :class:`S3Server` holding an empty ``bucket``, killed on exit."""
+    srv = S3Server().start()
+    try:
+        srv.make_bucket(bucket)
+        yield srv
+    finally:
+        srv.kill()

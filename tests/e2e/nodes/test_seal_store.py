@@ -20,7 +20,7 @@ from tests.e2e.cluster import holder, info, node_cluster, ok, start_holder
 from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
 from tests.nodenet import NodeHost
-from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
 
 VOLUME_NODES = Path("/var/lib/sbx/volume/nodes")
 BUCKET = "sbx-seals"
@@ -28,10 +28,8 @@ BUCKET = "sbx-seals"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    srv = S3Server().start()
-    srv.make_bucket(BUCKET)
-    yield srv
-    srv.kill()
+    with s3_server(BUCKET) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +51,13 @@ def _objects(s3: S3Server) -> dict[str, int]:
     return {o["Key"]: o["Size"] for p in pages for o in p.get("Contents", [])}
 
 
+def _new(srv: Server, nodes: list[NodeHost]) -> tuple[str, NodeHost, NodeHost]:
+    """A new sandbox, its node and the other node."""
+    sid = ok(srv, "new", "--type", "small").strip()
+    home = next(n for n in nodes if n.node_name == info(srv, sid)["node"])
+    return sid, home, next(n for n in nodes if n is not home)
+
+
 def _lose(node: NodeHost, sid: str) -> None:
     """Kill -9 the node agent and delete the sandbox's data on that node."""
     node.kill()
@@ -62,9 +67,7 @@ def _lose(node: NodeHost, sid: str) -> None:
 def test_a_stopped_sandbox_resumes_from_the_bucket_when_its_node_is_gone(
         cluster: tuple[Server, list[NodeHost]], s3: S3Server) -> None:
     srv, nodes = cluster
-    sid = ok(srv, "new", "--type", "small").strip()
-    home = next(n for n in nodes if n.node_name == info(srv, sid)["node"])
-    other = next(n for n in nodes if n is not home)
+    sid, home, other = _new(srv, nodes)
     start_holder(srv, sid)
     before = holder(srv, sid)
     ok(srv, "exec", sid, "head -c 3000000 /dev/urandom > ~/kept.bin && sha256sum ~/kept.bin > ~/kept.sha")
@@ -95,9 +98,7 @@ def test_a_stopped_sandbox_resumes_from_the_bucket_when_its_node_is_gone(
 def test_a_seal_cut_by_the_s3_server_dying_is_never_half_recorded(
         cluster: tuple[Server, list[NodeHost]], s3: S3Server) -> None:
     srv, nodes = cluster
-    sid = ok(srv, "new", "--type", "small").strip()
-    home = next(n for n in nodes if n.node_name == info(srv, sid)["node"])
-    other = next(n for n in nodes if n is not home)
+    sid, home, other = _new(srv, nodes)
     ok(srv, "exec", sid, "head -c 300000000 /dev/urandom > ~/big.bin && sha256sum ~/big.bin > ~/big.sha && sync")
     want = ok(srv, "exec", sid, "cat ~/big.sha").split()[0]
     ok(srv, "stop", sid, "--wait")

@@ -13,17 +13,15 @@ import pytest
 from sbx.storage import objects
 from sbx.storage.errors import StorageError
 from sbx.storage.objects import SealObjects, account_key, open_store
-from tests.s3server import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.s3server import ACCESS_KEY, SECRET_KEY, S3Server, s3_server
 
 MASTER = bytes(range(32))
 
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    srv = S3Server().start()
-    srv.make_bucket("seals")
-    yield srv
-    srv.kill()
+    with s3_server("seals") as srv:
+        yield srv
 
 
 def _s3_store(srv: S3Server, bucket: str = "seals") -> objects.ObjectStore:

@@ -16,7 +16,7 @@ import pytest
 from sbx.control.cluster.archive import Archiver
 from sbx.storage.errors import StorageError
 from tests.fakes import FakeNode, make_control, wait_until
-from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
 
 BUCKET = "unit-seals"
 
@@ -50,10 +50,8 @@ class ExportingNode(FakeNode):
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    srv = S3Server().start()
-    srv.make_bucket(BUCKET)
-    yield srv
-    srv.kill()
+    with s3_server(BUCKET) as srv:
+        yield srv
 
 
 def _plane(tmp_path: Path, s3: S3Server, bucket: str = BUCKET) -> tuple[Any, ExportingNode]:
