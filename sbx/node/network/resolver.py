@@ -131,11 +131,12 @@ def host_upstreams(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[tuple[s
 
 def resolv_conf(gateway: str) -> str:
     """The ``/etc/resolv.conf`` of a sandbox whose bridge gateway is ``gateway`` (``10.88.0.1``): the node's
-    resolver only. ``edns0`` lets answers larger than 512 bytes come over UDP; ``timeout:2 attempts:3`` rides out a
-    node restart (the resolver is back within its ``prepare``). Raises ``ValueError`` when ``gateway`` is not an IPv4
-    address."""
+    resolver only. ``edns0`` lets answers larger than 512 bytes come over UDP; ``timeout:2 attempts:5`` (glibc's
+    most: a lookup waits up to 10 s) rides out a node restart (the resolver is back within its ``prepare``) and an
+    upstream that stops answering for a few seconds (this project's CI host's does). Raises ``ValueError`` when
+    ``gateway`` is not an IPv4 address."""
     ipaddress.IPv4Address(gateway)
-    return f"# the node's resolver (sbx)\nnameserver {gateway}\noptions edns0 timeout:2 attempts:3\n"
+    return f"# the node's resolver (sbx)\nnameserver {gateway}\noptions edns0 timeout:2 attempts:5\n"
 
 
 @dataclass
