@@ -30,9 +30,10 @@ class S3Server:
     """``moto_server`` at ``endpoint`` (``http://127.0.0.1:PORT``, or ``host`` when given, e.g. an address nodes
     in other network namespaces reach)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, auth: bool = False):
         self.host = host
         self.port = port or _free_port()
+        self.auth = auth
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -41,6 +42,8 @@ class S3Server:
 
     def start(self) -> S3Server:
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        if self.auth:  # requests are signed and checked against its IAM users, after the 3 calls of make_user
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -62,11 +65,23 @@ class S3Server:
             self.proc.wait()
         self.proc = None
 
-    def make_bucket(self, name: str) -> None:
+    def make_user(self) -> tuple[str, str]:
+        """With ``auth``: an IAM user allowed everything; its ``(access key id, secret key)``. Call it first."""
         import boto3
 
-        boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
-                     aws_secret_access_key=SECRET_KEY).create_bucket(Bucket=name)
+        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                           aws_secret_access_key=SECRET_KEY)
+        iam.create_user(UserName="sbx")
+        iam.put_user_policy(UserName="sbx", PolicyName="all", PolicyDocument='{"Version": "2012-10-17", "Statement": '
+                            '[{"Effect": "Allow", "Action": "*", "Resource": "*"}]}')
+        key = iam.create_access_key(UserName="sbx")["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def make_bucket(self, name: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> None:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=access_key,
+                     aws_secret_access_key=secret_key).create_bucket(Bucket=name)
 
 
 @contextmanager

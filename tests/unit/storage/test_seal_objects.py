@@ -139,3 +139,19 @@ def test_a_bad_store_url_is_refused(url: str) -> None:
     with pytest.raises(StorageError) as e:
         open_store(url)
     assert e.value.code == "bad_store"
+
+
+def test_refused_credentials_are_named() -> None:
+    """On an S3 server that checks signatures: the right key pair passes the check, a wrong secret or an unknown key
+    is ``bad_credentials`` naming the bucket."""
+    srv = S3Server(auth=True).start()
+    try:
+        key, secret = srv.make_user()
+        srv.make_bucket("authed", key, secret)
+        open_store("s3://authed", srv.endpoint, "us-east-1", key, secret).check()
+        for k, s in ((key, "wrong"), ("AKIAUNKNOWN000000000", secret)):
+            with pytest.raises(StorageError) as e:
+                open_store("s3://authed", srv.endpoint, "us-east-1", k, s).check()
+            assert e.value.code == "bad_credentials" and "authed" in e.value.message
+    finally:
+        srv.kill()
