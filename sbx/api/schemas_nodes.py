@@ -11,8 +11,12 @@ from sbx.api.schemas import NodeStatus, Out
 
 
 class NodeCapacity(Out):
+    """``diskFreeBytes``: room where the node's data volume runs out first; ``diskPromisedBytes``: the disk sizes of
+    its sandboxes together (sparse disks: what they may grow to, the overcommit against that room)."""
+
     memoryMiB: int
     diskFreeBytes: int
+    diskPromisedBytes: int = 0
     vcpus: int
 
 

@@ -87,17 +87,19 @@ def _gib(n: float) -> str:
 def list_(json_: bool = JSON_OPT) -> None:
     """The nodes the servers heartbeat: STATUS is ready, cordoned or unreachable (no heartbeat answered for
     SBX_NODE_UNREACHABLE_SECONDS), with ", removable" for an added node that is cordoned and empty (by a drain or
-    consolidation: `sbx node remove` takes it); MEMORY, DISK FREE and VCPUS are its capacity, LOAD its 1-minute
+    consolidation: `sbx node remove` takes it); MEMORY, DISK FREE and VCPUS are its capacity, DISKS the sizes of its
+    sandboxes' disks together (sparse: what they may grow to, the overcommit against DISK FREE), LOAD its 1-minute
     load."""
     with client() as c:
         items = c.run(N.nodes())
     if json_:
         print_json({"nodes": items})
         return
-    print_table(("NAME", "STATUS", "SANDBOXES", "MEMORY", "DISK FREE", "VCPUS", "LOAD", "CPU", "URL"),
+    print_table(("NAME", "STATUS", "SANDBOXES", "MEMORY", "DISK FREE", "DISKS", "VCPUS", "LOAD", "CPU", "URL"),
                 ((n["name"], n["status"] + (", removable" if n.get("removable") else ""), str(n["sandboxes"]),
                   f"{n['capacity']['memoryMiB']} MiB",
-                  _gib(n["capacity"]["diskFreeBytes"]), str(n["capacity"]["vcpus"]), f"{n['load']['load1']:.2f}",
+                  _gib(n["capacity"]["diskFreeBytes"]), _gib(n["capacity"].get("diskPromisedBytes", 0)),
+                  str(n["capacity"]["vcpus"]), f"{n['load']['load1']:.2f}",
                   n["fingerprint"].get("cpuModel", ""), n["url"]) for n in items))
 
 

@@ -87,6 +87,20 @@ def committed_memory_mib(rows: Iterable[SandboxRow], settings: Settings, exclude
     return total
 
 
+def promised_disk_bytes(rows: Iterable[SandboxRow], settings: Settings) -> int:
+    """Bytes the disks of ``rows`` that are not deleted may grow to together (their sizes' ``disk_mib``; a row of a
+    type no longer configured counts as the largest size): the overcommit of sparse disks that ``sbx node list`` and
+    ``sbx doctor`` state against the room left (issue 36)."""
+    biggest = max((s.disk_mib for s in settings.sizes.values()), default=0)
+    total = 0
+    for row in rows:
+        if row.state == "deleted":
+            continue
+        size = settings.sizes.get(row.type)
+        total += (size.disk_mib if size else biggest) * MiB
+    return total
+
+
 def memory_limit_mib(settings: Settings, host: HostResources) -> int:
     """MiB of memory limits the node may promise: ``(RAM - memory_reserve_mib) x memory_overcommit``, at least 0."""
     return max(0, int((host.memory_mib - settings.memory_reserve_mib) * settings.memory_overcommit))

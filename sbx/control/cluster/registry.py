@@ -23,6 +23,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from sbx.config import Settings
+from sbx.control.cluster.capacity import promised_disk_bytes
 from sbx.control.errors import ControlError
 from sbx.control.store.database import NodeRow, Store, as_utc, iso, utcnow
 from sbx.node.types import NodeAgent, NodeError
@@ -133,12 +134,17 @@ class NodeRegistry:
 
     def view(self, row: NodeRow) -> dict[str, Any]:
         """The API shape of a node: ``{"name","url","status","cordoned","removable","consolidatedAt","lastSeen",
-        "registeredAt","sandboxes","capacity": {"memoryMiB","diskFreeBytes","vcpus"}, "load": {"load1","running"},
+        "registeredAt","sandboxes","capacity": {"memoryMiB","diskFreeBytes","diskPromisedBytes","vcpus"}, "load":
+        {"load1","running"},
         "fingerprint": {...}, "egress"}`` (``sandboxes``: how many not-deleted sandboxes it holds, by the store;
         ``removable``: an added node that is cordoned and holds none, so ``sbx node remove`` takes it;
-        ``consolidatedAt``: when consolidation emptied it, :mod:`sbx.control.cluster.consolidate`)."""
+        ``consolidatedAt``: when consolidation emptied it, :mod:`sbx.control.cluster.consolidate`;
+        ``diskPromisedBytes``: the disk sizes of those sandboxes together, what their sparse disks may grow to
+        against ``diskFreeBytes``, :func:`sbx.control.cluster.capacity.promised_disk_bytes`)."""
         info = row.info or {}
-        count = sum(1 for s in self.store.list_sandboxes() if (s.node or self.name) == row.name)
+        held = [s for s in self.store.list_sandboxes() if (s.node or self.name) == row.name]
+        count = len(held)
+        promised = promised_disk_bytes(held, self.settings)
         return {
             "name": row.name,
             "url": row.url,
@@ -150,7 +156,8 @@ class NodeRegistry:
             "registeredAt": iso(row.registered_at),
             "sandboxes": count,
             "capacity": {"memoryMiB": int(info.get("memory_mib", 0)),
-                         "diskFreeBytes": int(info.get("disk_free_bytes", 0)), "vcpus": int(info.get("vcpus", 0))},
+                         "diskFreeBytes": int(info.get("disk_free_bytes", 0)), "diskPromisedBytes": promised,
+                         "vcpus": int(info.get("vcpus", 0))},
             "load": {"load1": float(info.get("load1", 0.0)), "running": int(info.get("running", 0))},
             "fingerprint": {str(k): str(v) for k, v in (info.get("fingerprint") or {}).items()},
             "egress": bool(info.get("egress", False)),

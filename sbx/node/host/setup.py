@@ -154,6 +154,36 @@ def _probe(argv: list[str], timeout: float = 30) -> tuple[int, str]:
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
+def promised_disk_bytes(settings: Settings) -> int:
+    """Bytes the sandbox disks on the data volume may grow to together: the apparent sizes of every node's
+    ``sandboxes/*/disk.ext4`` (sparse files: each holds only what its sandbox wrote). 0 when there are none."""
+    total = 0
+    for disk in (settings.volume / "nodes").glob("*/sandboxes/*/disk.ext4"):
+        try:
+            total += disk.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def overcommit(settings: Settings, volume_bytes: int) -> str:
+    """One line on the overcommit of sparse disks (issue 36): what the sandbox disks may grow to
+    (:func:`promised_disk_bytes`) against the volume's size (``volume_bytes``) and the room left where the volume runs
+    out first (:func:`sbx.storage.volume.free_space`), e.g. ``"sandbox disks may grow to 240 GiB: 1.2x the 200
+    GiB volume, 3.2x the 75 GiB of room left"``."""
+    from sbx.storage.volume import free_space
+
+    promised = promised_disk_bytes(settings)
+    room = free_space(settings).free_bytes
+    gib = 2**30
+
+    def ratio(n: int) -> str:
+        return f"{promised / n:.1f}x" if n > 0 else "-"
+
+    return (f"sandbox disks may grow to {promised / gib:.0f} GiB: {ratio(volume_bytes)} the {volume_bytes / gib:.0f} "
+            f"GiB volume, {ratio(room)} the {room / gib:.0f} GiB of room left")
+
+
 def _check_volume(settings: Settings) -> Check:
     fix = "run `sbx setup` (creates and mounts the reflink XFS volume)"
     status_fn: Callable[[Settings], dict[str, Any]] | None
@@ -169,6 +199,8 @@ def _check_volume(settings: Settings) -> Check:
             f"{st.get('path')}: {st.get('fstype') or 'not mounted'}, "
             f"reflink={'yes' if st.get('reflink') else 'no'}" + (f", {free} GiB free" if st.get("mounted") else "")
         )
+        if st.get("mounted"):
+            detail += "; " + overcommit(settings, int(st.get("size_bytes") or 0))
         return Check("data volume", ok, detail, "" if ok else fix)
     code, out = _probe(["findmnt", "-n", "-o", "FSTYPE", "--mountpoint", str(settings.volume)])
     if code != 0 or out != "xfs":

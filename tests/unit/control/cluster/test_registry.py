@@ -22,12 +22,14 @@ def test_heartbeats_unreachable_and_back(tmp_path: Path) -> None:
     try:
         [view] = cp.registry.views()
         assert (view["name"], view["url"], view["status"], view["cordoned"]) == ("fake", "local", "ready", False)
-        assert view["capacity"] == {"memoryMiB": 4096, "diskFreeBytes": 50 << 30, "vcpus": 2}
+        assert view["capacity"] == {"memoryMiB": 4096, "diskFreeBytes": 50 << 30, "diskPromisedBytes": 0, "vcpus": 2}
         assert view["fingerprint"] == {"cpuModel": "fake", "kernel": "6.1"}
         row = cp.create("small")
         wait_until(lambda: _v(cp, row.id)["state"] == "running")
         assert (_v(cp, row.id)["node"], _v(cp, row.id)["nodeStatus"]) == ("fake", "ready")
         assert cp.registry.views()[0]["sandboxes"] == 1
+        disk = cp.settings.sizes["small"].disk_mib << 20
+        assert cp.registry.views()[0]["capacity"]["diskPromisedBytes"] == disk  # its sparse disk may grow that far
 
         node.unreachable = True
         wait_until(lambda: _v(cp, row.id)["nodeStatus"] == "unreachable", timeout=10)
