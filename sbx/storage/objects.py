@@ -63,6 +63,9 @@ class ObjectStore(Protocol):
     def check(self) -> None:
         """Prove the store answers and may be written (a small object put, read and deleted)."""
 
+    def names(self) -> Iterator[tuple[str, float]]:
+        """``(name, last modified as a Unix time)`` of every object in the store."""
+
 
 def account_key(master: bytes, account_id: str) -> bytes:
     """The 32-byte seal key of ``account_id``, derived from the server's 32-byte ``master`` key (HKDF-SHA256 with
@@ -201,6 +204,12 @@ class DirStore:
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
 
+    def names(self) -> Iterator[tuple[str, float]]:
+        for p in sorted(self.root.glob("*/*")) if self.root.is_dir() else []:
+            name = f"{p.parent.name}/{p.name}"
+            if _KEY.match(name):
+                yield name, p.stat().st_mtime
+
     def check(self) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -289,6 +298,16 @@ class S3Store:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
         except Exception as e:
             raise self._fail(f"deleting {name}", e) from e
+
+    def names(self) -> Iterator[tuple[str, float]]:
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for o in page.get("Contents", []):
+                    name = str(o["Key"])[len(self.prefix):]
+                    if _KEY.match(name):
+                        yield name, o["LastModified"].timestamp()
+        except Exception as e:
+            raise self._fail("listing the bucket", e) from e
 
     def check(self) -> None:
         try:

@@ -18,7 +18,9 @@ and the store's ``seal_archives`` rows) and :class:`Archiver` (the upload loop).
   checks) and promotes it (``promote_replica``), with its memory image when its fingerprint matches the one the
   image was made on, else it boots from the disk.
 - **Freed**: a row replaced by a newer seal, or of a sandbox deleted, goes; an object no row of its account names
-  any more is deleted from the store (references counted over the rows, in the loop: the only writer).
+  any more is deleted from the store (references counted over the rows, in the loop: the only writer). Each hour
+  (and at the first pass) a sweep deletes objects no row names that are older than an hour: what an upload cut by
+  a failure or a crash left.
 
 Per-account keys derive from the server's master key (``<state_dir>/secrets.key``, the one of
 :mod:`sbx.control.secrets.vault`) with HKDF (:func:`sbx.storage.objects.account_key`): nodes never hold them.
@@ -49,6 +51,12 @@ log = logging.getLogger("sbx.sealstore")
 
 BATCH = 4
 """Sandboxes uploaded per pass at most."""
+
+SWEEP_AGE = 3600.0
+"""Seconds an object no seal names stays in the store before a sweep deletes it (an upload under way names none)."""
+
+SWEEP_EVERY = 3600.0
+"""Seconds between two sweeps of the store (the first pass sweeps too)."""
 
 SETTLE = 2.0
 """Seconds a sandbox stays stopped before its seal is uploaded (a resume right after a stop doesn't race it)."""
@@ -149,6 +157,17 @@ class SealArchive:
             self.objects.store.delete(n)
         return gone
 
+    def sweep(self, min_age: float = SWEEP_AGE) -> list[str]:
+        """Delete every object of the store that no row names and that is older than ``min_age`` seconds (what an
+        upload cut by a crash or a failure left); returns those deleted. Raises ``StorageError``."""
+        with self.store.session() as s:
+            used = {n for r in s.scalars(select(ArchiveRow)) for n in r.objects.values()}
+        now = time.time()
+        gone = [n for n, mtime in self.objects.store.names() if n not in used and now - mtime >= min_age]
+        for n in gone:
+            self.objects.store.delete(n)
+        return gone
+
     # upload and restore ------------------------------------------------------------------------------------------
     def upload(self, agent: Any, row: SandboxRow) -> tuple[dict[str, Any], dict[str, str], int]:
         """Export stopped sandbox ``row`` from node ``agent`` and put its files in the store. Returns ``(manifest,
@@ -223,6 +242,7 @@ class Archiver(LeaderLoop):
                          (control.settings.seal_store_seconds if period is None else period) if arch else 0)
         self.cp = control
         self.last: dict[str, Any] = {}
+        self.swept = 0.0
 
     def start(self) -> None:
         if self.cp.archive is not None:
@@ -246,6 +266,9 @@ class Archiver(LeaderLoop):
             r = rows.get(sid)
             if r is None or r.state == "deleted":
                 out["freed"] += arch.free(a.account_id, arch.forget(sid))
+        if time.monotonic() - self.swept >= SWEEP_EVERY or not self.swept:
+            out["freed"] += arch.sweep()
+            self.swept = time.monotonic()
         settled = utcnow() - dt.timedelta(seconds=min(SETTLE, self.period))
         default = cp.router.default_name
         todo = [r for r in rows.values() if r.state == "stopped" and not r.no_snapshots

@@ -166,3 +166,19 @@ def test_without_a_seal_store_nothing_runs(tmp_path: Path) -> None:
         assert cp.view(cp.get(sid))["sealStored"] is False
     finally:
         cp.close()
+
+
+def test_a_sweep_deletes_what_no_seal_names(tmp_path: Path, s3: S3Server) -> None:
+    """What a cut upload left (an object no row names) goes at a sweep once old enough; named objects stay."""
+    cp, node = _plane(tmp_path, s3)
+    try:
+        sid = _stopped(cp)
+        assert [s["id"] for s in Archiver(cp).run_once()["stored"]] == [sid]
+        named = set(cp.archive.get(sid).objects.values())
+        stray, _ = cp.archive.objects.put(cp.archive.key("acct_x"), "acct_x", [b"left by a cut upload"])
+        assert cp.archive.sweep() == []  # younger than an hour: may be an upload under way
+        assert stray in cp.archive.sweep(min_age=0)  # (and what earlier tests of this bucket left)
+        left = {n for n, _ in cp.archive.objects.store.names()}
+        assert named <= left and stray not in left
+    finally:
+        cp.close()
