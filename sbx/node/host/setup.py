@@ -169,8 +169,8 @@ def promised_disk_bytes(settings: Settings) -> int:
 def overcommit(settings: Settings, volume_bytes: int) -> str:
     """One line on the overcommit of sparse disks (issue 36): what the sandbox disks may grow to
     (:func:`promised_disk_bytes`) against the volume's size (``volume_bytes``) and the room left where the volume runs
-    out first (:func:`sbx.storage.volume.free_space`), e.g. ``"sandbox disks may grow to 240 GiB: 1.2x the 200
-    GiB volume, 3.2x the 75 GiB of room left"``."""
+    out first (:func:`sbx.storage.volume.free_space`), e.g. ``"sandbox disks may grow to 240 GiB: 1.20x the 200
+    GiB volume, 3.20x the 75 GiB of room left"``."""
     from sbx.storage.volume import free_space
 
     promised = promised_disk_bytes(settings)
@@ -178,7 +178,7 @@ def overcommit(settings: Settings, volume_bytes: int) -> str:
     gib = 2**30
 
     def ratio(n: int) -> str:
-        return f"{promised / n:.1f}x" if n > 0 else "-"
+        return f"{promised / n:.2f}x" if n > 0 else "-"
 
     return (f"sandbox disks may grow to {promised / gib:.0f} GiB: {ratio(volume_bytes)} the {volume_bytes / gib:.0f} "
             f"GiB volume, {ratio(room)} the {room / gib:.0f} GiB of room left")

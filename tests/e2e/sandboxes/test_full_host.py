@@ -179,3 +179,5 @@ def test_a_full_host_stops_the_fastest_writers_and_everything_resumes(full_host:
         assert "failed" not in result, (sid, result)  # no write of the writer failed (no EIO from a full volume)
         print(f"{sid}: {len(synced)} chunks of {chunk} MiB synced before the stop, all there after the resume")
     assert server.sbx("exec", c, "echo alive", check=True).stdout.strip() == "alive"
+    for e in _events(server, a):
+        print("event", json.dumps(e, separators=(",", ":")))

@@ -23,6 +23,6 @@ def test_promised_bytes_are_the_apparent_sizes_of_every_nodes_disks(tmp_path: Pa
     assert promised_disk_bytes(settings) == 96 * GiB
     line = overcommit(settings, 80 * GiB)
     room = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    assert line.startswith("sandbox disks may grow to 96 GiB: 1.2x the 80 GiB volume, ")
-    assert line.endswith(f"{96 * GiB / room:.1f}x the {room / GiB:.0f} GiB of room left")
+    assert line.startswith("sandbox disks may grow to 96 GiB: 1.20x the 80 GiB volume, ")
+    assert line.endswith(f"{96 * GiB / room:.2f}x the {room / GiB:.0f} GiB of room left")
     assert "-" in overcommit(settings, 0)  # no ratio against an unknown size
