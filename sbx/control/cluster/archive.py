@@ -159,10 +159,15 @@ class SealArchive:
 
     def sweep(self, min_age: float = SWEEP_AGE) -> list[str]:
         """Delete every object of the store that no row names and that is older than ``min_age`` seconds (what an
-        upload cut by a crash or a failure left); returns those deleted. Raises ``StorageError``."""
+        upload cut by a crash or a failure left), and spool files as old; returns the objects deleted. Raises
+        ``StorageError``."""
         with self.store.session() as s:
             used = {n for r in s.scalars(select(ArchiveRow)) for n in r.objects.values()}
         now = time.time()
+        spool = self.objects.spool
+        for f in spool.iterdir() if spool.is_dir() else []:
+            if now - f.stat().st_mtime >= min_age:
+                f.unlink(missing_ok=True)
         gone = [n for n, mtime in self.objects.store.names() if n not in used and now - mtime >= min_age]
         for n in gone:
             self.objects.store.delete(n)
