@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -116,6 +117,14 @@ def test_a_full_host_stops_the_fastest_writers_and_everything_resumes(full_host:
         r = server.sbx("new", "--type", "small", "--json", check=True)
         ids[name] = json.loads(r.stdout)["sandbox"]["id"]
     a, b, c = ids["a"], ids["b"], ids["c"]
+
+    # the overcommit is stated: three 2 GiB disks on a 3 GiB volume
+    [node] = json.loads(server.sbx("node", "list", "--json", check=True).stdout)["nodes"]
+    assert node["capacity"]["diskPromisedBytes"] == 3 * 2 * GiB, node
+    assert server.sbx("node", "list", check=True).stdout.splitlines()[0].split()[4:7] == ["DISK", "FREE", "DISKS"]
+    doctor = server.sbx("doctor", timeout=300).stdout
+    line = next(x for x in doctor.splitlines() if "data volume" in x)
+    assert re.search(r"sandbox disks may grow to 6 GiB: 2\.0\dx the 3 GiB volume", line), line  # XFS keeps some
 
     # c fills its own disk: the write fails with ENOSPC inside, the sandbox runs on
     r = server.sbx("exec", c, "--user", "root", FILL, timeout=300)
