@@ -166,7 +166,8 @@ class Settings:
     disk_floor_gib: float = 2.0
     """A full host (issue 36, :mod:`sbx.control.cluster.diskguard`): below this many GiB free under the data volume the
     node stops its fastest-growing sandboxes (``stop_reason`` ``disk_full``); between it and ``disk_reserve_gib``
-    it only refuses new work, pauses automatic snapshots and tells the sandboxes' owners (``disk_low`` events)."""
+    it only refuses new work, pauses automatic snapshots and tells the sandboxes' owners (``disk_low`` events). Never
+    above ``disk_reserve_gib`` (a reserve of 0 turns both off)."""
     disk_check_seconds: float = 5.0
     """Seconds between two checks of every node's free space by the disk guard (0 turns it off)."""
     trim_seconds: int = 30

@@ -165,7 +165,8 @@ class DiskGuard(LeaderLoop):
 
     @property
     def floor_bytes(self) -> int:
-        return int(self.cp.settings.disk_floor_gib * GiB)
+        """``disk_floor_gib`` in bytes, never above the reserve (a reserve of 0 turns both off)."""
+        return min(int(self.cp.settings.disk_floor_gib * GiB), self.reserve_bytes)
 
     def low(self, node: str | None) -> bool:
         """Whether node ``node`` (None: the configured one) was below the reserve at the last pass."""

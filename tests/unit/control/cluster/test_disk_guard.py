@@ -233,3 +233,18 @@ def test_a_busy_sandbox_or_an_unreachable_node_is_skipped_not_fatal() -> None:
     node.down = True
     assert guard.run_once() == {}
     assert guard.low("n1")  # the last level stays
+
+
+def test_the_floor_never_passes_the_reserve_and_a_reserve_of_zero_turns_the_guard_off() -> None:
+    node = FakeNode(512 * MiB, {"a": GiB})
+    plane = FakePlane(node, [Row("a")], reserve_gib=0.0, floor_gib=2.0)
+    guard, clock = guard_for(plane)
+    assert guard.floor_bytes == 0
+    guard.run_once()
+    clock.t += 1
+    node.disks["a"] += 100 * MiB
+    node.free -= 100 * MiB
+    assert guard.run_once() == {"n1": []}
+    assert plane.events == [] and not guard.low("n1")
+    plane.settings.disk_reserve_gib = 1.0
+    assert guard.floor_bytes == GiB  # capped at the reserve
