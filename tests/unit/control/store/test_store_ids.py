@@ -22,9 +22,9 @@ def test_migrations_create_the_schema_and_reopen_cleanly(
     tables = set(inspect(s.engine).get_table_names())
     assert {"sandboxes", "snapshots", "events", "routes", "secrets", "secret_bindings", "secret_uses", "nodes",
             "seal_replicas", "node_leftovers", "drains", "images", "ssh_keys", "rate_buckets", "auth_attempts",
-            "alembic_version"} <= tables
+            "seal_archives", "alembic_version"} <= tables
     with s.engine.connect() as c:
-        assert c.execute(text("select version_num from alembic_version")).scalar() == "0018_shared_limits"
+        assert c.execute(text("select version_num from alembic_version")).scalar() == "0019_seal_archives"
     assert "labels" in {col["name"] for col in inspect(s.engine).get_columns("sandboxes")}
     assert "consolidated_at" in {col["name"] for col in inspect(s.engine).get_columns("nodes")}
     assert {"state", "state_changed_at"} <= {col["name"] for col in inspect(s.engine).get_columns("accounts")}
