@@ -55,6 +55,10 @@ HORIZON_CHECKS = 3
 """How many check periods ahead :func:`choose_stops` looks: growers whose combined rate would use the room left
 within that time are all stopped in one pass, not one per pass."""
 
+QUIET_RATE = 1 * MiB
+"""Bytes per second of disk growth that do not make a sandbox a grower while at least half the floor is left: an
+idle system's logs and journal commits (measured: ~0.1 MiB/s). Below half the floor every growing sandbox counts."""
+
 MEMORY_SLACK = 64 * MiB
 """Added to a sandbox's memory use when judging whether its memory image fits (CRIU's own files, page tables)."""
 
@@ -96,15 +100,17 @@ def keep_memory(memory_bytes: int, budget: int) -> bool:
 def choose_stops(free_bytes: int, floor_bytes: int, growers: list[Grower], horizon_seconds: float) -> list[Stop]:
     """The sandboxes to stop now on a node with ``free_bytes`` of room and a floor of ``floor_bytes``.
 
-    Nothing at or above the floor. Below it: the sandboxes that grow, fastest first: the fastest always, then the
-    next ones while those not yet chosen would, together, use the room left (``free_bytes``) within
-    ``horizon_seconds``; the rest wait for the next pass (stopping a sandbox frees nothing, it stops the growth).
+    Nothing at or above the floor. Below it: the sandboxes that grow (faster than :data:`QUIET_RATE` while at
+    least half the floor is left, at any rate below that), fastest first: the fastest always, then the next ones
+    while those not yet chosen would, together, use the room left (``free_bytes``) within ``horizon_seconds``; the
+    rest wait for the next pass (stopping a sandbox frees nothing, it stops the growth).
     Memory: the chosen ones share half the room left for their memory images, in the same order; one whose image
     would not fit in what remains of that half stops without memory (:func:`keep_memory`).
     """
     if free_bytes >= floor_bytes:
         return []
-    order = sorted((g for g in growers if g.rate > 0), key=lambda g: (-g.rate, g.id))
+    quiet = QUIET_RATE if free_bytes >= floor_bytes // 2 else 0
+    order = sorted((g for g in growers if g.rate > quiet), key=lambda g: (-g.rate, g.id))
     remaining = sum(g.rate for g in order)
     budget = max(free_bytes, 0) // 2
     stops: list[Stop] = []

@@ -45,6 +45,13 @@ def test_below_the_floor_the_fastest_grower_stops_first_and_idle_ones_never() ->
     assert [s.id for s in stops] == ["fast"]
 
 
+def test_an_idle_systems_trickle_counts_only_below_half_the_floor() -> None:
+    growers = [Grower("idle", 0.1 * MiB, 0), Grower("writer", 5 * MiB, 0)]
+    assert [s.id for s in choose_stops(GiB, 2 * GiB, growers, 15)] == ["writer"]
+    assert choose_stops(GiB, 2 * GiB, growers[:1], 15) == []  # logs and journal commits: not a grower yet
+    assert [s.id for s in choose_stops(GiB - 1, 2 * GiB, growers[:1], 15)] == ["idle"]  # below half the floor
+
+
 def test_growers_that_would_fill_the_room_within_the_horizon_all_stop_in_one_pass() -> None:
     growers = [Grower("a", 30 * MiB, 0), Grower("b", 20 * MiB, 0), Grower("c", 10 * MiB, 0),
                Grower("d", 1 * MiB, 0)]
