@@ -7,13 +7,15 @@ the JSON document to ``bench/results/<timestamp>.json``. Every sandbox it made i
 at the end, also after Ctrl-C. Needs root (runc, CRIU, loop devices).
 
 Usage: ``python -m bench [--repeats 5] [--only create,exec,ws128,ws1g,resize,fork,disk,grow,egress,density,
-template,forkmem,migrate,migclient,remote,xresume] [--json] [--disk-fill 0.25] [--density-max 300]
-[--density-idle 60] [--out DIR] [--keep-tmp]``.
+template,forkmem,migrate,migrate-tls,migclient,remote,xresume,xresume-tls] [--json] [--disk-fill 0.25]
+[--density-max 300] [--density-idle 60] [--out DIR] [--keep-tmp]``.
 ``density`` (idle small sandboxes on one node, :mod:`bench.density`), ``migrate`` (a running sandbox moved between
-two node agents of its own, :mod:`bench.migrate`), ``migclient`` (the pause a client's exec loop sees during a
+two node agents of its own, :mod:`bench.migrate`; ``migrate-tls``: its 128 MiB moves over mutual TLS and over
+plain links in one run), ``migclient`` (the pause a client's exec loop sees during a
 live migration through the server, :mod:`bench.migclient`), ``remote`` (create and exec through a node agent in its own
 network namespace vs the embedded node, :mod:`bench.remote`) and ``xresume`` (resume with memory on another node vs
-the same node, :mod:`bench.xresume`) run only when ``--only`` names them. Exit status 0, 1 when a figure failed, 2
+the same node, :mod:`bench.xresume`; ``xresume-tls``: its 128 MiB rounds over mutual TLS and over plain links) run
+only when ``--only`` names them. Exit status 0, 1 when a figure failed, 2
 for bad options, 130 after Ctrl-C.
 """
 

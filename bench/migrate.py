@@ -22,6 +22,7 @@ set began and after it ended (``/proc/loadavg``): the host may be shared.
 from __future__ import annotations
 
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -160,17 +161,52 @@ def fig_migrate(ctx: Ctx) -> list[Row]:
     destination (s, against the anchor at 128 MiB), the pause (s; its note: the medians of freeze → dump made,
     → everything sent and the destination's restore, the memory image, the load). Raises ``RuntimeError`` when a
     move fails or loses the process or its memory."""
+    from sbx import tls
     from sbx.node.remote.client import RemoteNode
-    from tests.nodenet import node_netns_many
+    from tests.nodenet import node_netns_many, run_ca
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sbx-bench-mig-") as tmp, \
             node_netns_many([4, 5], Path(tmp)) as (a, b):
         a.start()
         b.start()
-        hosts = [(RemoteNode(a.url, a.token), a.url), (RemoteNode(b.url, b.token), b.url)]
+        ident = tls.identity(run_ca())  # the nodes serve mutual TLS (tests.nodenet's default)
+        hosts = [(RemoteNode(a.url, a.token, identity=ident), a.url), (RemoteNode(b.url, b.token, identity=ident),
+                                                                        b.url)]
         for label, mib, size in SETS:
             rows += _working_set(ctx, hosts, label, mib, size)
         a.stop()
         b.stop()
+    return rows
+
+
+@figure("migrate-tls", order=131, opt_in=True, needs_server=False)
+def fig_migrate_tls(ctx: Ctx) -> list[Row]:
+    """``migrate-tls`` (issue 35): the 128 MiB set of :func:`fig_migrate` twice in one run, the node agents serving
+    mutual TLS (every call, the transfer and CRIU's page stream inside TLS: :mod:`sbx.tls`), then the same agents
+    restarted without certificates (plain HTTP and raw TCP pages). Rows as :func:`fig_migrate`'s, labelled by
+    the link. Raises ``RuntimeError`` when a move fails or loses the process or its memory."""
+    from sbx import tls
+    from sbx.node.remote.client import RemoteNode
+    from tests.nodenet import node_netns_many, run_ca
+
+    label, mib, size = SETS[0]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="sbx-bench-migtls-") as tmp, \
+            node_netns_many([4, 5], Path(tmp)) as (a, b):
+        for on in (True, False):
+            for n in (a, b):
+                n.tls = on
+                if not on:
+                    shutil.rmtree(n.tls_dir, ignore_errors=True)
+                n.start()
+            ident = tls.identity(run_ca()) if on else None
+            hosts = [(RemoteNode(n.url, n.token, identity=ident), n.url) for n in (a, b)]
+            link = "mutual TLS" if on else "plain HTTP/TCP"
+            ctx.say(f"  nodes over {link}")
+            rows += _working_set(ctx, hosts, f"{label}, {link}", mib, size)
+            for node, _url in hosts:
+                node.close()
+            a.stop()
+            b.stop()
     return rows

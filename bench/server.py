@@ -179,6 +179,10 @@ def start(tmp: Path, start_timeout: float = 900, env_extra: Mapping[str, str] | 
                 "SBX_DATABASE_URL"):
         env.pop(key, None)
     env.update(env_extra or {})
+    if env.get("SBX_NODE_URL", "").startswith("https://"):  # a node agent of tests.nodenet over mutual TLS
+        from tests.nodenet import run_ca
+
+        env.setdefault("SBX_NODE_TLS_DIR", str(run_ca()))
     (tmp / "home").mkdir(parents=True, exist_ok=True)
     log = tmp / "server.log"
     with log.open("wb") as logf:

@@ -84,15 +84,17 @@ def _server(tmp: Path, node: NodeHost) -> Iterator[BenchServer]:
 
 
 @contextmanager
-def two_nodes(ctx: Ctx, tmp: Path) -> Iterator[tuple[BenchServer, list[NodeHost]]]:
-    """Nodes :data:`NODES` in network namespaces of their own with their agents, and a server (:func:`_server`)
-    whose configured node is the first, the second added with ``sbx node add``; yields ``(server, nodes)``. On exit
-    the server, the agents and the namespaces go. Raises ``RuntimeError`` when the add does not answer ready."""
+def two_nodes(ctx: Ctx, tmp: Path, tls: bool = True) -> Iterator[tuple[BenchServer, list[NodeHost]]]:
+    """Nodes :data:`NODES` in network namespaces of their own with their agents (over mutual TLS, or plain HTTP
+    without ``tls``), and a server (:func:`_server`) whose configured node is the first, the second added with
+    ``sbx node add``; yields ``(server, nodes)``. On exit the server, the agents and the namespaces go. Raises
+    ``RuntimeError`` when the add does not answer ready."""
     from tests.nodenet import node_netns_many
 
     with ExitStack() as stack:
         nodes = stack.enter_context(node_netns_many(list(NODES), tmp))
         for n in nodes:
+            n.tls = tls
             n.start()
         srv = stack.enter_context(_server(tmp / "server", nodes[0]))
         added = json.loads(srv.sbx("node", "add", nodes[1].url, "--token", nodes[1].token, "--json").stdout)["node"]
@@ -209,6 +211,30 @@ def fig_xresume(ctx: Ctx) -> list[Row]:
             except Exception as e:
                 raise RuntimeError(f"{e} (logs kept in {keep_logs(Path(tmp))})") from e
     except pytest.fail.Exception as e:  # tests.nodenet reports a node that did not start this way
+        raise RuntimeError(str(e)) from None
+    return rows
+
+
+@figure("xresume-tls", order=161, opt_in=True, needs_server=False)
+def fig_xresume_tls(ctx: Ctx) -> list[Row]:
+    """``xresume-tls`` (issue 35): the 128 MiB set of :func:`fig_xresume` twice in one run, first with the node
+    agents serving mutual TLS (the disk delta and memory image cross node → server → node inside TLS), then with
+    new agents and a new server over plain HTTP. Rows as :func:`fig_xresume`'s, labelled by the link. Raises
+    ``RuntimeError`` as it does."""
+    import pytest
+
+    label, mib, type, _most = SETS[0]
+    rows: list[Row] = []
+    try:
+        for on in (True, False):
+            link = "mutual TLS" if on else "plain HTTP"
+            with tempfile.TemporaryDirectory(prefix="sbx-bench-xrtls-") as tmp:
+                try:
+                    with two_nodes(ctx, Path(tmp), tls=on) as (srv, nodes):
+                        rows += _working_set(ctx, srv, nodes, f"{label}, {link}", mib, type, ctx.repeats)
+                except Exception as e:
+                    raise RuntimeError(f"{e} (logs kept in {keep_logs(Path(tmp))})") from e
+    except pytest.fail.Exception as e:
         raise RuntimeError(str(e)) from None
     return rows
 

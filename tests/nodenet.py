@@ -7,7 +7,10 @@ two runs in different slots never share a namespace, bridge or address. Node ``k
 - network namespace ``<node>-<k>`` (``/run/netns``), with ``lo`` and ``eth0`` (the veth's far end,
   ``a.b.(240+k).2/24``, default route via the host end ``a.b.(240+k).1`` named ``<bridge>h<k>``);
 - node name ``<node><k>``, its sandboxes' bridge ``<bridge><k>`` inside the namespace on ``a.b.(16·k).0/20``;
-- its own state folder (node token, logs) under the test's temp folder.
+- its own state folder (node token, logs) under the test's temp folder;
+- mutual TLS by default (issue 35): its certificate (``<state>/tls``, naming its address) is issued by this run's
+  test CA (:func:`run_ca`, made once per process), whose folder is also the servers' TLS folder
+  (``SBX_NODE_TLS_DIR``, given by ``tests/e2e/conftest.py``'s ``start_server``); ``tls=False`` runs a plain node.
 
 The node agent runs under ``nsenter --net`` only: it keeps the host's mount namespace, so the disks it mounts stay
 where a restarted agent finds them (``ip netns exec`` would give each start a private mount namespace).
@@ -18,8 +21,10 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -68,10 +73,26 @@ class NodeHost:
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # more settings for the agent (test holds, say)
+    # serve the node API over mutual TLS with a certificate of run_ca() (SBX_TEST_NODE_TLS=0: plain, run-wide)
+    tls: bool = field(default_factory=lambda: node_tls())
 
     @property
     def url(self) -> str:
-        return f"http://{self.node_ip}:{NODE_PORT}"
+        return f"{'https' if self.tls else 'http'}://{self.node_ip}:{NODE_PORT}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.state / "tls"
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """What a server presents to this node (the test CA's server certificate), None for a plain node."""
+        from sbx import tls
+
+        if not self.tls:
+            return None
+        ident = tls.identity(run_ca())
+        assert ident is not None
+        return ident.client_context()
 
     def env(self) -> dict[str, str]:
         env = {
@@ -84,6 +105,7 @@ class NodeHost:
             "SBX_NODE_TOKEN": self.token,
             "SBX_NODE_HOST": self.node_ip,
             "SBX_NODE_PORT": str(NODE_PORT),
+            "SBX_NODE_TLS_DIR": str(self.tls_dir),  # no certificate there: a plain node
             "SBX_WARM_POOL": "0",  # no warm sandbox the test did not ask for (tests/e2e/sandboxes/test_warm_pool.py)
             "HOME": str(self.state / "home"),
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
@@ -92,12 +114,18 @@ class NodeHost:
             env.pop(key, None)
         return {**env, **self.extra_env}
 
-    def start(self) -> None:
-        """Start ``sbx node serve`` in the namespace and wait until it answers its health check (the base image is
+    def start(self, probe: ssl.SSLContext | None = None) -> None:
+        """Start ``sbx node serve`` in the namespace and wait until it answers its health check (``probe``: the
+        TLS context to ask with, default :meth:`client_context`; a certificate already in :attr:`tls_dir` is kept,
+        else one of :func:`run_ca` is issued when :attr:`tls`) (the base image is
         ready: :func:`host_netns` made it). The agent runs in a session of its own, so a Ctrl-C in the terminal
         reaches only the caller, which can still delete the node's sandboxes through it before stopping it.
         Raises :class:`NodeAgentError` when it exits or does not answer within 600 s (it is killed then)."""
         self.state.mkdir(parents=True, exist_ok=True)
+        if self.tls and not (self.tls_dir / "cert.pem").is_file():
+            from sbx import tls
+
+            tls.issue(run_ca(), self.tls_dir, self.node_name, [self.node_ip])
         self.log = self.state / f"node-{int(time.time() * 1000)}.log"
         with self.log.open("wb") as logf:
             self.proc = subprocess.Popen(
@@ -111,7 +139,7 @@ class NodeHost:
             try:
                 req = urllib.request.Request(self.url + "/v1/node/health",
                                              headers={"Authorization": f"Bearer {self.token}"})
-                with urllib.request.urlopen(req, timeout=2):
+                with urllib.request.urlopen(req, timeout=2, context=probe or self.client_context()):
                     return
             except OSError:
                 if time.monotonic() > deadline:
@@ -139,6 +167,27 @@ class NodeHost:
 
     def logs(self) -> str:
         return "\n".join(p.read_text()[-4000:] for p in sorted(self.state.glob("node-*.log")))
+
+
+_CA: list[Path] = []
+
+
+def node_tls() -> bool:
+    """Whether this run's node agents serve mutual TLS: yes unless ``SBX_TEST_NODE_TLS=0``."""
+    return os.environ.get("SBX_TEST_NODE_TLS", "1") != "0"
+
+
+def run_ca() -> Path:
+    """This process's test CA (made on first use in a temporary folder, 0700): ``ca.key``, ``ca.crt`` and a
+    server certificate (``cert.pem``/``key.pem``), so the folder is a server's ``SBX_NODE_TLS_DIR`` as is."""
+    if not _CA:
+        from sbx import tls
+
+        folder = Path(tempfile.mkdtemp(prefix="sbx-test-ca-"))
+        tls.make_ca(folder)
+        tls.issue(folder, folder, "sbx-test-server")
+        _CA.append(folder)
+    return _CA[0]
 
 
 def node_host(k: int, tmp: Path) -> NodeHost:

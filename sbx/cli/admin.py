@@ -125,7 +125,12 @@ def server(
 
         if not settings.node_token:
             raise fail("missing_node_token", "SBX_NODE_URL needs SBX_NODE_TOKEN (the node agent's token)")
-        node = RemoteNode(settings.node_url, settings.node_token, settings)
+        from sbx.node.types import NodeError
+
+        try:
+            node = RemoteNode(settings.node_url, settings.node_token, settings)
+        except NodeError as e:  # node_tls_required, node_tls_missing
+            raise fail(e.code, e.message) from None
     else:
         node = LocalNode(settings)
     try:
@@ -164,6 +169,11 @@ def setup() -> None:
         setup_host(settings, progress=_progress)
     except Exception as e:
         raise _host_failure(e) from None
+    from sbx.cli.ca import ensure_ca
+
+    if ensure_ca(settings.tls_dir):  # the installation CA of mutual TLS between servers and nodes (sbx.tls)
+        err.print(f"installation CA and server certificate in {settings.tls_dir} (nodes: `sbx ca issue`)",
+                  markup=False)
     err.print("host ready", markup=False)
 
 

@@ -26,6 +26,7 @@ import typer
 from sbx.cli import (
     accounts,
     admin,
+    ca,
     exec,
     files,
     fork,
@@ -84,6 +85,7 @@ app.command("server", rich_help_panel="Machine")(admin.server)
 app.command("setup", rich_help_panel="Machine")(admin.setup)
 app.command("doctor", rich_help_panel="Machine")(admin.doctor)
 app.add_typer(nodes.app, name="node", rich_help_panel="Machine")
+app.add_typer(ca.app, name="ca", rich_help_panel="Machine")
 app.command("migrate", rich_help_panel="Machine")(nodes.migrate)
 
 if __name__ == "__main__":

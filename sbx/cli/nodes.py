@@ -13,10 +13,12 @@ ID
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import typer
 
+from sbx import tls
 from sbx.cli.admin import KEEP_ALIVE, SHUTDOWN_GRACE, _host_failure, _progress, _uvicorn_server
 from sbx.cli.common import JSON_OPT, client, err, fail, handle_errors, out, print_json, print_table, spinner
 from sbx.config import load_settings
@@ -63,16 +65,27 @@ def serve(
         node.reconcile(node.recorded())
     except Exception as e:  # host checks, volume, image, network: report, don't trace
         raise _host_failure(e) from None
+    # mutual TLS when this node has its certificate (sbx.tls: `sbx ca issue` on the server, copied here)
+    ident = tls.identity(settings.tls_dir)
+    tls_opts: dict[str, Any] = {}
+    if ident is not None:
+        tls_opts = {"ssl_certfile": str(ident.cert), "ssl_keyfile": str(ident.key), "ssl_ca_certs": str(ident.ca),
+                    "ssl_cert_reqs": ssl.CERT_REQUIRED}
     # the port relay listens next to the node API (node_port + 1): the servers' proxies reach hosted ports there
     app_ = create_node_app(node, token, settings.node_name, relay=(settings.node_host, settings.node_port + 1),
-                           metrics_token=settings.metrics_token)
+                           metrics_token=settings.metrics_token,
+                           relay_tls=ident.server_context() if ident is not None else None)
     where = "SBX_NODE_TOKEN" if settings.node_token else str(node_token_path(settings.state_dir))
-    err.print(f"sbx node {settings.node_name} on http://{settings.node_host}:{settings.node_port} "
+    scheme = "https" if ident is not None else "http"
+    err.print(f"sbx node {settings.node_name} on {scheme}://{settings.node_host}:{settings.node_port} "
               f"(node token: {where})", markup=False)
+    if ident is None:
+        err.print(f"warning: no TLS certificate in {settings.tls_dir}: node calls (secrets, memory images) cross "
+                  "the network in clear; see `sbx ca issue`", markup=False)
     config = uvicorn.Config(app_, host=settings.node_host, port=settings.node_port, log_level=log_level,
                             log_config=logs.uvicorn_log_config(settings.log_format),
                             lifespan="on", timeout_graceful_shutdown=int(SHUTDOWN_GRACE) + 5,
-                            timeout_keep_alive=KEEP_ALIVE, access_log=False)
+                            timeout_keep_alive=KEEP_ALIVE, access_log=False, **tls_opts)
     _uvicorn_server(config, on_exit=lambda: node.begin_shutdown(SHUTDOWN_GRACE)).run()
     if node.cleanup_host():
         err.print(f"removed {settings.bridge}, the nftables table and /run/sbx/{settings.node_name}", markup=False)

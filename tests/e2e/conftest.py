@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nodenet import force_clean
+from tests.nodenet import force_clean, node_tls, run_ca
 from tests.slots import slotted
 
 VENV_BIN = Path(sys.executable).parent
@@ -107,6 +107,8 @@ def start_server(tmp: Path, node: str, bridge: str, subnet: str, **env_extra: st
         "SBX_WARM_POOL": "0",  # no warm sandbox the test did not ask for (test_warm_pool.py sets it)
         # image builds trust what this host trusts (a TLS-inspecting proxy's CA on some networks)
         "SBX_BUILD_CA_FILE": "/etc/ssl/certs/ca-certificates.crt",
+        # mutual TLS with the node agents of tests/nodenet.py: the test CA's folder is the server's TLS folder
+        "SBX_NODE_TLS_DIR": str(run_ca() if node_tls() else tmp / "no-tls"),
         "HOME": str(tmp / "home"),
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }

@@ -18,6 +18,7 @@ the rule of :mod:`sbx.control.secrets.nodes`); ``snapshots`` is the union of eve
 from __future__ import annotations
 
 import logging
+import ssl
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -114,6 +115,8 @@ class NodeRouter:
         ``NodeError`` (``node_unreachable``, ``node_unauthorized``)."""
         try:
             client = RemoteNode(url, token, self.settings)
+        except NodeError:  # node_tls_required, node_tls_missing
+            raise
         except Exception as e:  # httpx refuses the URL (a host it can't encode...)
             raise NodeError("invalid_url", f"{url!r} is not a usable node URL: {e}") from None
         try:
@@ -184,7 +187,11 @@ class NodeRouter:
                 except Exception:  # another replica's key: this one can't use the node
                     log.warning("node %s: its token can't be unsealed with this server's secrets key", name)
                     continue
-                client = RemoteNode(row.url, token, self.settings)
+                try:
+                    client = RemoteNode(row.url, token, self.settings)
+                except NodeError as e:  # another replica's TLS setting, or a URL this one refuses
+                    log.warning("node %s: %s", name, e.message)
+                    continue
                 if have is not None:
                     closed.append(have[2])
                 self._added[name] = (row.url, row.token or "", client)
@@ -273,9 +280,9 @@ class NodeRouter:
     def address(self, id: str) -> str:
         return self._for(id).address(id)
 
-    def relay(self, id: str) -> tuple[str, int, str] | None:
+    def relay(self, id: str) -> tuple[str, int, str, ssl.SSLContext | None] | None:
         """How the port proxy reaches sandbox ``id``: None when it connects to :meth:`address` itself (the
-        embedded node: the sandbox's bridge is on this host), else ``(host, port, token)`` of the node's port relay
+        embedded node: the sandbox's bridge is on this host), else ``(host, port, token, tls)`` of the node's port relay
         (:mod:`sbx.node.remote.relay`)."""
         agent = self._for(id)
         if isinstance(agent, RemoteNode):

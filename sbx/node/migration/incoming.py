@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sbx import tls
 from sbx.config import Size
 from sbx.node.agentbase import NodeBase
 from sbx.node.container import cgroup
@@ -159,7 +160,8 @@ class IncomingMixin(NodeBase):
         """Receive the memory pages of the arrival ``id`` while the source dumps them: a page server
         (:class:`sbx.runtime.pageserver.PageReceiver`) on ``address`` (where the source reached this node) that
         takes one connection from ``peer`` (the source's address) and writes into ``incoming/pages``. Returns
-        ``{"address", "port"}`` for the source's ``runc checkpoint --page-server``. Raises ``NodeError``:
+        ``{"address", "port", "tls"}`` for the source's ``runc checkpoint --page-server`` (``tls``: the pages must
+        come in TLS, :class:`sbx.runtime.pageserver.PageSender`). Raises ``NodeError``:
         ``not_incoming``, ``migration_failed`` (it can't listen)."""
         with self._lock(id):
             if self._record(id).get("phase") != INCOMING:
@@ -168,12 +170,13 @@ class IncomingMixin(NodeBase):
             folder = self._dir(id) / "incoming" / "pages"
             remove_tree(folder)
             try:
+                ident = tls.identity(self.settings.tls_dir)  # a node that serves TLS takes the pages in TLS
                 rx = PageReceiver(self.runtime.criu, folder, self._dir(id) / "incoming" / "pages-work", address,
-                                  peer)
+                                  peer, tls=ident.server_context() if ident is not None else None)
             except OSError as e:
                 raise NodeError("migration_failed", f"page server on {address}: {e}") from e
             self._page_receivers[id] = rx
-            return {"address": rx.address, "port": rx.port}
+            return {"address": rx.address, "port": rx.port, "tls": rx.tls is not None}
 
     def _stop_pages(self, id: str) -> None:
         rx = self._page_receivers.pop(id, None)

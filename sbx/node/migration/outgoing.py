@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import subprocess
 import threading
 import time
@@ -18,12 +19,15 @@ from typing import Any
 
 import httpx
 
+from sbx import tls
+from sbx.config import Settings
 from sbx.node.migration import filestream
 from sbx.node.migration.incoming import IncomingMixin
 from sbx.node.steps import Beside
 from sbx.node.types import NodeError
 from sbx.runtime import criuimages
 from sbx.runtime.base import RuntimeError_
+from sbx.runtime.pageserver import PageSender
 from sbx.runtime.runc import remove_tree
 from sbx.storage import delta
 from sbx.storage import disk as disks
@@ -46,8 +50,12 @@ class _Step(Exception):
         self.step = step
 
 
-def _destination(url: str, ticket: str) -> httpx.Client:
-    return httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {ticket}"},
+def _destination(url: str, ticket: str, settings: Settings) -> httpx.Client:
+    """A client for the destination node at ``url`` with the move's ``ticket``; an ``https://`` destination is
+    reached with this node's own certificate (:mod:`sbx.tls`, mutual TLS)."""
+    ident = tls.identity(settings.tls_dir)
+    verify: ssl.SSLContext | bool = ident.client_context() if ident is not None else True
+    return httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {ticket}"}, verify=verify,
                         timeout=httpx.Timeout(TRANSFER_TIMEOUT, connect=CONNECT_TIMEOUT))
 
 
@@ -62,16 +70,24 @@ def _answer(resp: httpx.Response, step: str) -> Any:
     return resp.json() if resp.content else None
 
 
-def page_server(http: httpx.Client, id: str) -> str | None:
-    """``"ADDR:PORT"`` of the page server the destination (``http``: its node API with the move's ticket) opened
-    for the memory pages of sandbox ``id`` (``POST .../pages``), None when it has none (a node of an earlier version
-    answers 404): the pages then go in the memory stream after the dump. Raises ``_Step`` (another error answer),
-    ``httpx.HTTPError``."""
+def page_server(http: httpx.Client, id: str, settings: Settings) -> tuple[str, PageSender | None] | None:
+    """Where CRIU sends the memory pages of sandbox ``id``: ``("ADDR:PORT", sender)`` of the page server the
+    destination (``http``: its node API with the move's ticket) opened (``POST .../pages``), None when it has none
+    (a node of an earlier version answers 404): the pages then go in the memory stream after the dump. When the
+    destination takes them in TLS, ``ADDR:PORT`` is a local :class:`sbx.runtime.pageserver.PageSender` (``sender``,
+    to close after the dump) that relays them there with this node's certificate. Raises ``_Step`` (another error
+    answer, or TLS asked without a certificate here), ``httpx.HTTPError``, ``OSError``."""
     resp = http.post(f"/v1/node/migrate/{id}/pages")
     if resp.status_code == 404:
         return None
     got = _answer(resp, "page server")
-    return f"{got['address']}:{got['port']}"
+    if not got.get("tls"):
+        return f"{got['address']}:{got['port']}", None
+    ident = tls.identity(settings.tls_dir)
+    if ident is None:
+        raise _Step("page server", f"the destination takes pages in TLS and {settings.tls_dir} has no certificate")
+    sender = PageSender(str(got["address"]), int(got["port"]), http.base_url.host, ident.client_context())
+    return sender.address, sender
 
 
 def reset_connections(init_pid: int, rounds: int = 5) -> list[str]:
@@ -127,7 +143,7 @@ class MigrationMixin(IncomingMixin):
             remove_tree(work)
             work.mkdir(mode=0o700)
             figures: dict[str, Any] = {}
-            http = _destination(target, ticket)
+            http = _destination(target, ticket, self.settings)
             try:
                 return self._move(id, target, ticket, image, work, http, figures)
             finally:
@@ -146,7 +162,8 @@ class MigrationMixin(IncomingMixin):
             self._clone_live(id, pre, fresh_uuid=False, mode=0o600, mounted=True)
             base = delta.export_delta(pre, None if full else self.image, work / "base.delta")
             self._send(http, id, "base", [base.path])
-            pages_to = page_server(http, id)
+            pages = page_server(http, id, self.settings)
+            pages_to, sender = pages if pages is not None else (None, None)
         except (StorageError, OSError, httpx.HTTPError, _Step) as e:
             raise NodeError("migration_failed", f"pre-copy: {e}") from e
         figures.update(precopyS=time.monotonic() - t0, baseBytes=base.file_bytes, fullDisk=full)
@@ -183,6 +200,8 @@ class MigrationMixin(IncomingMixin):
                 self.runtime.checkpoint(id, mem, work / "criu-work", image_gid=0, leave_running=True,
                                         page_server=pages_to)
             finally:
+                if sender is not None:
+                    sender.close()
                 beside.join(quiet=True)
             beside.join()  # the delta's error, once the dump went well
             final = finals[0]
@@ -197,7 +216,8 @@ class MigrationMixin(IncomingMixin):
             step = "restore"
             restored = _answer(http.post(f"/v1/node/migrate/{id}/restore"), "restore") or {}
             figures.update(restoreS=restored.get("restoreS"), diskS=restored.get("diskS"),
-                           restoredS=time.monotonic() - t_pause, pageServer=pages_to is not None)
+                           restoredS=time.monotonic() - t_pause, pageServer=pages_to is not None,
+                           pageTLS=sender is not None)
             figures["memoryBytes"] += int(restored.get("pageBytes") or 0)
         except (StorageError, OSError, RuntimeError_, httpx.HTTPError, _Step) as e:
             why = e.detail if isinstance(e, RuntimeError_) else str(e)
@@ -314,7 +334,7 @@ class MigrationMixin(IncomingMixin):
             self._take_back(sid, None)
             return "running"
         if phase == HANDOVER and rec.get("migratingTo") and rec.get("migrationTicket"):
-            with _destination(str(rec["migratingTo"]), str(rec["migrationTicket"])) as http:
+            with _destination(str(rec["migratingTo"]), str(rec["migrationTicket"]), self.settings) as http:
                 try:
                     state = (_answer(http.get(f"/v1/node/migrate/{sid}"), "state") or {}).get("state")
                 except (httpx.HTTPError, _Step) as e:

@@ -5,6 +5,11 @@ Adding a NodeAgent method: put its name in :data:`sbx.node.remote.wire.CALLS` (t
 method here that returns ``self._call("<name>", <its arguments>)``; the arguments and result cross the wire as
 JSON with the dataclasses of :mod:`sbx.node.types` by name (:func:`sbx.node.remote.wire.encode`).
 
+Transport: an ``https://`` node is reached with mutual TLS (:mod:`sbx.tls`): this process's certificate from its
+TLS folder (``Settings.tls_dir``), the node's checked against the installation CA and its URL's host; the node
+token still goes along on every request. With a TLS folder, a plain ``http://`` node is refused unless it is on
+loopback (``node_tls_required``); without one, an ``https://`` node is (``node_tls_missing``).
+
 Errors: what the node raises comes back as the same :class:`NodeError` (code and message); a node that cannot
 be reached (refused, reset, timed out, a 5xx) is ``NodeError("node_unreachable")``; a wrong token is
 ``NodeError("node_unauthorized")``.
@@ -12,8 +17,10 @@ be reached (refused, reset, timed out, a 5xx) is ``NodeError("node_unreachable")
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from sbx import logs
+from sbx import logs, tls
 from sbx.config import Settings
 from sbx.node.remote import imagelink, wire
 from sbx.node.remote.egresslink import EgressClient
@@ -52,11 +59,17 @@ class RemoteNode(EgressClient):
 
     Calls block like the embedded node's; several threads may call at once (one connection pool)."""
 
-    def __init__(self, url: str, token: str, settings: Settings | None = None):
+    def __init__(self, url: str, token: str, settings: Settings | None = None, identity: tls.Identity | None = None):
+        """``identity``: the TLS files to reach an ``https://`` node with; default: those of ``settings.tls_dir``
+        (:func:`sbx.tls.identity`). Raises ``NodeError`` (``node_tls_required``, ``node_tls_missing``; see the
+        module docstring), ``httpx.InvalidURL``."""
         self.url = url.rstrip("/")
         self.settings = settings
+        if identity is None and settings is not None:
+            identity = tls.identity(settings.tls_dir)
+        self._ssl = _client_ssl(self.url, identity)
         self._headers = {"Authorization": f"Bearer {token}"}
-        self._http = httpx.Client(base_url=self.url, headers=self._headers,
+        self._http = httpx.Client(base_url=self.url, headers=self._headers, verify=self._ssl or True,
                                   timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT),
                                   limits=httpx.Limits(max_connections=200, max_keepalive_connections=20),
                                   event_hooks={"request": [_pass_ids]})
@@ -128,8 +141,9 @@ class RemoteNode(EgressClient):
         self.close_egress()
         self._http.close()
 
-    def relay_target(self) -> tuple[str, int, str]:
-        """``(host, port, token)`` of the node's port relay (:mod:`sbx.node.remote.relay`), asked once. Raises
+    def relay_target(self) -> tuple[str, int, str, ssl.SSLContext | None]:
+        """``(host, port, token, tls)`` of the node's port relay (:mod:`sbx.node.remote.relay`; ``tls``: the
+        client context when the node is reached over TLS, its relay is then TLS too), asked once. Raises
         ``NodeError`` (``node_unreachable``; ``relay_unavailable`` when the node runs none)."""
         if self._relay is None:
             try:
@@ -141,7 +155,7 @@ class RemoteNode(EgressClient):
             if not port:
                 raise NodeError("relay_unavailable", f"the node at {self.url} runs no port relay")
             self._relay = (httpx.URL(self.url).host, port)
-        return (*self._relay, self._headers["Authorization"].split(" ", 1)[1])
+        return (*self._relay, self._headers["Authorization"].split(" ", 1)[1], self._ssl)
 
     # --- a stopped sandbox moving between nodes (sbx.node.migration.transfer) ------------------------------------
     def transfer_parent(self) -> dict[str, str]:
@@ -351,7 +365,7 @@ class RemoteNode(EgressClient):
         ws_url = "ws" + self.url[len("http"):] + "/v1/node/spawn"
         try:
             ws = connect(ws_url, additional_headers=self._headers, open_timeout=CONNECT_TIMEOUT,
-                         max_size=None, compression=None)
+                         max_size=None, compression=None, ssl=self._ssl)
         except Exception as e:  # refused, reset, handshake refused (401)
             raise self._unreachable(e) from None
         try:
@@ -398,6 +412,30 @@ class RemoteNode(EgressClient):
         """Stop polling (at shutdown)."""
         self._watching.clear()
         self._watcher = None
+
+
+def _client_ssl(url: str, identity: tls.Identity | None) -> ssl.SSLContext | None:
+    """The TLS context to reach the node at ``url`` with (None: plain HTTP, allowed without a TLS folder or on
+    loopback). Raises ``NodeError`` (see the module docstring), ``httpx.InvalidURL``."""
+    parsed = httpx.URL(url)
+    if parsed.scheme == "https":
+        if identity is None:
+            raise NodeError("node_tls_missing", f"{url} is an https node but this server has no TLS certificate "
+                                                "(run `sbx ca init`, or set SBX_NODE_TLS_DIR)")
+        return identity.client_context()
+    if identity is not None and not _loopback(parsed.host):
+        raise NodeError("node_tls_required", f"{url}: this server has TLS certificates, so it reaches nodes only "
+                                             "over https:// (mutual TLS); give the node's https:// URL")
+    return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _pass_ids(request: httpx.Request) -> None:

@@ -45,6 +45,7 @@ import logging
 import queue
 import re
 import secrets
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -109,11 +110,13 @@ class Exits:
 
 
 def create_node_app(node: NodeAgent, token: str, name: str = "node",
-                    relay: tuple[str, int] | None = None, metrics_token: str = "") -> FastAPI:
+                    relay: tuple[str, int] | None = None, metrics_token: str = "",
+                    relay_tls: ssl.SSLContext | None = None) -> FastAPI:
     """The node API for ``node`` guarded by ``token`` (``GET /metrics``: by ``metrics_token`` when set, else
     open, as in :mod:`sbx.api.observe`). Starting it (its lifespan) starts the node's watcher and,
-    with ``relay`` = ``(host, port)``, the port relay there (:mod:`sbx.node.remote.relay`); stopping it stops
-    both."""
+    with ``relay`` = ``(host, port)``, the port relay there (:mod:`sbx.node.remote.relay`; over TLS with
+    ``relay_tls``, a server context that demands a client certificate); stopping it stops both. The API's own TLS
+    is the HTTP server's (``sbx node serve`` gives uvicorn the same files)."""
     exits = Exits()
     relay_port = {"port": 0}
     xfer: Any = node  # the transfer calls of sbx.node.migration.transfer (not part of the NodeAgent protocol)
@@ -125,7 +128,8 @@ def create_node_app(node: NodeAgent, token: str, name: str = "node",
         node.watch(exits.add)
         server = None
         if relay is not None:
-            server = await asyncio.start_server(make_handler(node.address, token), relay[0], relay[1])
+            server = await asyncio.start_server(make_handler(node.address, token), relay[0], relay[1],
+                                                ssl=relay_tls)
             relay_port["port"] = server.sockets[0].getsockname()[1]
         try:
             yield

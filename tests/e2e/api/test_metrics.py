@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -59,8 +60,9 @@ def call(srv: Server, method: str, path: str, body: dict[str, Any] | None = None
         return e.code, e.read(), dict(e.headers)
 
 
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:  # no token of any kind
+def scrape(url: str, context: ssl.SSLContext | None = None) -> str:
+    # no token of any kind (a node over mutual TLS wants the scraper's certificate: `context`)
+    with urllib.request.urlopen(url + "/metrics", timeout=30, context=context) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
         return resp.read().decode()
@@ -132,7 +134,7 @@ def test_a_workload_shows_in_metrics_and_json_logs(cluster: tuple[Server, NodeHo
     assert value(text, "sbx_node_up", node=node.node_name, status="ready") == 1
     assert sid not in text and sid not in mid and sb["subdomain"] not in text
 
-    node_text = scrape(node.url)
+    node_text = scrape(node.url, node.client_context())
     assert value(node_text, "sbx_criu_seconds_count", kind="dump") >= 1
     assert value(node_text, "sbx_criu_seconds_count", kind="restore") >= 1
     assert value(node_text, "sbx_criu_seconds_bucket", kind="dump", le="+Inf") >= 1

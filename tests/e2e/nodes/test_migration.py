@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from sbx import tls
 from sbx.config import TEST_SIZES
 from sbx.node.migration.live import migrate
 from sbx.node.remote.client import RemoteNode
 from sbx.node.types import NodeError, SandboxSpec
 from tests.e2e.helpers import poll
-from tests.nodenet import NodeHost, exec_out, node_netns_many
+from tests.nodenet import NodeHost, exec_out, node_netns_many, run_ca
 
 VOLUME_NODES = Path("/var/lib/sbx/volume/nodes")
 
@@ -96,7 +97,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeHost, 
 
 
 def client(h: NodeHost) -> RemoteNode:
-    return RemoteNode(h.url, h.token)
+    return RemoteNode(h.url, h.token, identity=tls.identity(run_ca()))
 
 
 def sh(node: RemoteNode, sid: str, command: str) -> str:
@@ -158,6 +159,7 @@ def test_a_running_sandbox_moves_to_another_node_with_its_processes(nodes: tuple
     peer.wait(timeout=30)
     assert figures["memoryBytes"] > 128 << 20 and not figures["fullDisk"]
     assert figures["pageServer"], "the pages did not go through the destination's page server"
+    assert figures["pageTLS"], "the pages crossed between the nodes outside TLS"
     # same process, same memory, same unlinked file at the same offset
     assert holder_check(dst, sid) == before
     assert sh(dst, sid, "sha256sum /root/blob") == blob_sum

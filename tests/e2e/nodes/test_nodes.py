@@ -168,7 +168,7 @@ def _node_get(node: NodeHost, token: str | None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     req = urllib.request.Request(node.url + "/v1/node/health", headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=node.client_context()) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as e:
         return int(e.code)
@@ -184,7 +184,7 @@ def test_the_node_api_needs_the_node_token(remote: tuple[Server, NodeHost]) -> N
     req = urllib.request.Request(node.url + "/v1/node/call/delete", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=10)
+        urllib.request.urlopen(req, timeout=10, context=node.client_context())
     assert e.value.code == 401
 
 
@@ -207,6 +207,8 @@ def test_a_sandbox_cannot_reach_the_node_api(remote: tuple[Server, NodeHost]) ->
 def _relay_hello(node: NodeHost, token: str, sid: str, port: int) -> bytes:
     import socket
 
-    with socket.create_connection((node.node_ip, 7701), timeout=10) as s:
+    with socket.create_connection((node.node_ip, 7701), timeout=10) as raw:
+        ctx = node.client_context()
+        s = ctx.wrap_socket(raw, server_hostname=node.node_ip) if ctx is not None else raw
         s.sendall(f"SBXRELAY {token} {sid} {port}\n".encode())
         return s.makefile("rb").readline()

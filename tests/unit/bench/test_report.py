@@ -148,11 +148,11 @@ def test_options() -> None:
     a = parse_args(["--only", "fork, grow", "--repeats", "2", "--json"])
     assert (a.only, a.repeats, a.json) == (["fork", "grow"], 2, True)
     assert list(FIGURES) == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow", "egress",
-                             "density", "template", "forkmem", "migrate", "migclient", "remote", "xresume", "images",
-                             "classes"]
+                             "density", "template", "forkmem", "migrate", "migrate-tls", "migclient", "remote",
+                             "xresume", "xresume-tls", "images", "classes"]
     assert default_figures() == ["create", "exec", "ws128", "ws1g", "resize", "fork", "disk", "grow",
                                  "egress", "template", "forkmem", "images", "classes"]
-    # density, migrate(+client), remote, xresume: opt-in
+    # density, migrate(+client, +tls), remote, xresume(+tls): opt-in
     a = parse_args(["--only", "density", "--density-max", "20", "--density-idle", "5"])
     assert (a.only, a.density_max, a.density_idle) == (["density"], 20, 5.0)
     assert (parse_args([]).density_max, parse_args([]).density_idle) == (300, 60.0)
@@ -168,8 +168,10 @@ def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str])
 
 
 def test_figures_declare_where_they_run() -> None:
-    assert {n for n, f in FIGURES.items() if f.opt_in} == {"density", "migrate", "migclient", "remote", "xresume"}
-    assert {n for n, f in FIGURES.items() if not f.needs_server} == {"disk", "migrate", "migclient", "xresume"}
+    assert {n for n, f in FIGURES.items() if f.opt_in} == {"density", "migrate", "migrate-tls", "migclient", "remote",
+                                                           "xresume", "xresume-tls"}
+    assert {n for n, f in FIGURES.items() if not f.needs_server} == {"disk", "migrate", "migrate-tls", "migclient",
+                                                                     "xresume", "xresume-tls"}
     assert FIGURES["create"].run.__module__ == "bench.figures" and FIGURES["xresume"].run.__module__ == "bench.xresume"
 
 
