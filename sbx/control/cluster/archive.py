@@ -7,8 +7,8 @@ and the store's ``seal_archives`` rows) and :class:`Archiver` (the upload loop).
   stopped sandbox (not ``noSnapshots``) whose current seal is not in the store, on a node that answers, is exported
   as for a seal replica (:mod:`sbx.node.migration.transfer`, ``kind="archive"``: its disk delta against the base
   image, and hard links to its memory image's files) and each file is put through :class:`SealObjects`
-  (content-addressed by SHA-256 under the account, AES-256-GCM with the account's key, multipart in parallel; a file
-  already there is not sent again). Up to :data:`BATCH` per pass.
+  (content-addressed by SHA-256 under the account, AES-256-GCM with the account's key, :data:`FILES_AT_ONCE` files
+  at a time, large ones in parallel parts; a file already there is not sent again). Up to :data:`BATCH` per pass.
 - **Recorded** only after every file is in the store, and only if the sandbox is still ``stopped`` with the
   ``updated_at`` it had when the export began (a row lock): the ``seal_archives`` row names each file's object.
   A failed upload (the store unreachable, killed mid-part) records nothing and is tried again next pass.
@@ -32,6 +32,7 @@ import datetime as dt
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, String, delete, select
@@ -51,6 +52,9 @@ log = logging.getLogger("sbx.sealstore")
 
 BATCH = 4
 """Sandboxes uploaded per pass at most."""
+
+FILES_AT_ONCE = 4
+"""Files of one seal uploaded at the same time (each large one in parallel parts too)."""
 
 SWEEP_AGE = 3600.0
 """Seconds an object no seal names stays in the store before a sweep deletes it (an upload under way names none)."""
@@ -179,21 +183,21 @@ class SealArchive:
         {file: object}, bytes sent)`` (files already stored are not sent). Raises ``NodeError`` or
         ``StorageError``; nothing is recorded."""
         manifest = agent.export_stopped(row.id, agent.transfer_parent(), kind="archive")
-        objects: dict[str, str] = {}
-        sent = 0
+        key = self.key(row.account_id)
+
+        def one(name: str) -> tuple[str, int]:
+            return self.objects.put(key, row.account_id, agent.export_file(row.id, name, kind="archive"),
+                                    sha256=str(manifest["files"][name]["sha256"]))
+
         try:
-            key = self.key(row.account_id)
-            for name, f in manifest["files"].items():
-                obj, n = self.objects.put(key, row.account_id, agent.export_file(row.id, name, kind="archive"),
-                                          sha256=str(f["sha256"]))
-                objects[name] = obj
-                sent += max(n, 0)
+            with ThreadPoolExecutor(FILES_AT_ONCE, thread_name_prefix="sbx-seal-put") as pool:
+                done = dict(zip(manifest["files"], pool.map(one, manifest["files"]), strict=True))
         finally:
             try:
                 agent.end_export(row.id, kind="archive")
             except NodeError as e:
                 log.warning("cleaning up the seal export of %s: %s", row.id, e.message)
-        return manifest, objects, sent
+        return manifest, {n: obj for n, (obj, _) in done.items()}, sum(max(n, 0) for _, n in done.values())
 
     def restore(self, dst: Any, arch: ArchiveRow) -> dict[str, Any]:
         """Make the stored seal ``arch`` the stopped sandbox on node ``dst`` (through a seal replica there, module
