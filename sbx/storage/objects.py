@@ -134,8 +134,10 @@ def decrypt(key: bytes, name: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
         if head is None:
             raise StorageError("decrypt_failed", f"{name}: cut off after {index} frames")
         size, nonce = _HEAD.unpack(head)
+        if size > FRAME:
+            raise StorageError("decrypt_failed", f"{name}: frame {index} claims {size} bytes")
         body = need(size + _TAG)
-        if body is None or size > FRAME:
+        if body is None:
             raise StorageError("decrypt_failed", f"{name}: frame {index} is cut off")
         last = not buf and _at_end(it, buf)
         try:
