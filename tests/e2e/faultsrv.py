@@ -22,6 +22,7 @@ import pytest
 
 from tests.e2e.conftest import SBX, VENV_BIN, Server, _cleanup_host, _free_port
 from tests.e2e.helpers import poll
+from tests.nodenet import node_tls, run_ca
 from tests.slots import slotted
 
 
@@ -53,6 +54,8 @@ class FaultServer:
             "SBX_CONSOLIDATE_SECONDS": "0",
             "SBX_REPLICATE_SECONDS": "0",
             "SBX_WARM_POOL": "0",
+            # mutual TLS with the node agents of tests/nodenet.py (as tests/e2e/conftest.py's start_server)
+            "SBX_NODE_TLS_DIR": str(run_ca() if node_tls() else tmp / "no-tls"),
             "HOME": str(tmp / "home"),
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             **env_extra,
