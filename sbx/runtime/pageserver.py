@@ -185,7 +185,7 @@ class PageSender:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop listening and wait up to ``timeout`` seconds for the relay to end (CRIU closes its side when the
-        dump is done). Idempotent."""
+        dump is done; 0: don't wait). Idempotent."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

@@ -177,6 +177,8 @@ class MigrationMixin(IncomingMixin):
         try:
             self.runtime.pause(id)
         except RuntimeError_ as e:
+            if sender is not None:  # no dump will connect to it
+                sender.close(timeout=0)
             self._take_back(id, http, unpause=False)
             raise NodeError("migration_failed", f"freeze: {e.detail}") from e
         try:
@@ -222,6 +224,8 @@ class MigrationMixin(IncomingMixin):
         except (StorageError, OSError, RuntimeError_, httpx.HTTPError, _Step) as e:
             why = e.detail if isinstance(e, RuntimeError_) else str(e)
             log.warning("%s: migration to %s failed (%s), the sandbox runs on here", id, target, why)
+            if sender is not None:  # idempotent: a failure before the dump leaves it listening
+                sender.close(timeout=0)
             self._take_back(id, http)
             raise NodeError("migration_failed", f"{step}: {why}") from e
         self._set_phase(id, HANDOVER, migratingTo=target, migrationTicket=ticket)
