@@ -237,6 +237,9 @@ class Settings:
     seal_store_seconds: float = 5.0
     """Seconds between two passes of the loop that uploads each stopped sandbox's new seal to ``seal_store`` (and
     retries a failed upload); 0 = off."""
+    seal_store_lost_seconds: float = 60.0
+    """With a seal store: seconds a node stays unreachable before each running sandbox on it comes back on another
+    node from its newest stored seal (:mod:`sbx.control.cluster.rescue`)."""
     metrics_token: str = ""
     """When set, ``GET /metrics`` (server and node agent) answers only ``Authorization: Bearer <it>``; empty (the
     default): it answers anyone who reaches the port (its series are aggregates: :mod:`sbx.metrics`)."""
@@ -342,6 +345,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "SBX_S3_REGION": ("s3_region", str),
     "SBX_SEAL_STORE": ("seal_store", str),
     "SBX_SEAL_STORE_SECONDS": ("seal_store_seconds", float),
+    "SBX_SEAL_STORE_LOST_SECONDS": ("seal_store_lost_seconds", float),
     "SBX_NODE_NAME": ("node_name", str),
     "SBX_STATE_DIR": ("state_dir", Path),
     "SBX_BRIDGE": ("bridge", str),
