@@ -70,7 +70,8 @@ def _answer(resp: httpx.Response, step: str) -> Any:
     return resp.json() if resp.content else None
 
 
-def page_server(http: httpx.Client, id: str, settings: Settings) -> tuple[str, PageSender | None] | None:
+def page_server(http: httpx.Client, id: str, settings: Settings | None = None
+                ) -> tuple[str, PageSender | None] | None:
     """Where CRIU sends the memory pages of sandbox ``id``: ``("ADDR:PORT", sender)`` of the page server the
     destination (``http``: its node API with the move's ticket) opened (``POST .../pages``), None when it has none
     (a node of an earlier version answers 404): the pages then go in the memory stream after the dump. When the
@@ -83,9 +84,9 @@ def page_server(http: httpx.Client, id: str, settings: Settings) -> tuple[str, P
     got = _answer(resp, "page server")
     if not got.get("tls"):
         return f"{got['address']}:{got['port']}", None
-    ident = tls.identity(settings.tls_dir)
+    ident = tls.identity(settings.tls_dir) if settings is not None else None
     if ident is None:
-        raise _Step("page server", f"the destination takes pages in TLS and {settings.tls_dir} has no certificate")
+        raise _Step("page server", "the destination takes pages in TLS and this node has no certificate")
     sender = PageSender(str(got["address"]), int(got["port"]), http.base_url.host, ident.client_context())
     return sender.address, sender
 
