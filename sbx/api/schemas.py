@@ -103,6 +103,9 @@ class Sandbox(Out):
                                                       "memory image (it resumes there if its own node is gone)")
     sealStored: bool = Field(False, description="stopped: its current seal (disk and memory image) is in the seal "
                              "store (SBX_SEAL_STORE), where it resumes from should its node and any replica be gone")
+    sealStoredAt: str | None = Field(None, description="when the newest seal in the seal store was made (a stop's, "
+                                     "or a running sandbox's automatic snapshot: a lost node's running sandbox comes "
+                                     "back from it); null when none is stored")
     stats: Stats
     volumes: list[SandboxVolume] = Field(default_factory=list, description="the volumes it mounts")
 

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from sbx.config import Settings
 from sbx.control.cluster.relocate import clear_stale
+from sbx.control.cluster.rescue import Rescue, lost_todo, snapshot_todo
 from sbx.control.cluster.view import ClusterView
 from sbx.control.secrets.vault import load_key
 from sbx.control.store.database import Base, SandboxRow, Store, as_utc, utcnow
@@ -85,6 +86,13 @@ class ArchiveRow(Base):
     made_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
+def is_current(arch: ArchiveRow, row: SandboxRow) -> bool:
+    """True when stored seal ``arch`` is the seal of ``row``'s current stop (not a snapshot's, and ``row`` is
+    ``stopped`` and unchanged since)."""
+    return (row.state == "stopped" and as_utc(arch.sealed_at) == as_utc(row.updated_at)
+            and "snapshot" not in arch.manifest)
+
+
 class SealArchive:
     """The seal store of one control plane: the bucket (``objects``), the account keys and the rows (module
     docstring). Raises ``StorageError("bad_store")`` for a ``settings.seal_store`` it can't use."""
@@ -123,9 +131,7 @@ class SealArchive:
         """The stored seal of ``row`` when it is the seal of its current stop (it is ``stopped`` and unchanged
         since), else None."""
         arch = self.get(row.id)
-        if arch is None or row.state != "stopped" or as_utc(arch.sealed_at) != as_utc(row.updated_at):
-            return None
-        return arch
+        return arch if arch is not None and is_current(arch, row) else None
 
     def record(self, row: SandboxRow, manifest: dict[str, Any], objects: dict[str, str]) -> bool:
         """Write ``row``'s seal row (replacing an older one), only if the sandbox is still ``stopped`` with the
@@ -139,6 +145,24 @@ class SealArchive:
                                memory=bool(manifest["memory"]), fingerprint=manifest.get("fingerprint"),
                                sealed_at=row.updated_at, made_at=utcnow()))
         return True
+
+    def record_snapshot(self, row: SandboxRow, sealed_at: dt.datetime, manifest: dict[str, Any],
+                        objects: dict[str, str]) -> list[str] | None:
+        """Write ``row``'s seal row for a snapshot taken at ``sealed_at`` (:mod:`sbx.control.cluster.rescue`), only if
+        the sandbox still exists and its stored seal (if any) is older; returns the objects the replaced row named
+        (``[]`` for none), None when nothing was written."""
+        with self.store.session() as s, s.begin():
+            now = s.scalars(select(SandboxRow).where(SandboxRow.id == row.id).with_for_update()).first()
+            if now is None or now.state in ("deleting", "deleted"):
+                return None
+            old = s.get(ArchiveRow, row.id)
+            if old is not None and as_utc(old.sealed_at) >= as_utc(sealed_at):
+                return None
+            replaced = list(old.objects.values()) if old is not None else []
+            s.merge(ArchiveRow(sandbox_id=row.id, account_id=row.account_id, objects=objects, manifest=manifest,
+                               bytes=sum(int(f["size"]) for f in manifest["files"].values()), memory=False,
+                               fingerprint=None, sealed_at=sealed_at, made_at=utcnow()))
+        return replaced
 
     def forget(self, sandbox_id: str) -> list[str]:
         """Remove the row of ``sandbox_id``; returns the objects it named."""
@@ -182,11 +206,21 @@ class SealArchive:
         """Export stopped sandbox ``row`` from node ``agent`` and put its files in the store. Returns ``(manifest,
         {file: object}, bytes sent)`` (files already stored are not sent). Raises ``NodeError`` or
         ``StorageError``; nothing is recorded."""
-        manifest = agent.export_stopped(row.id, agent.transfer_parent(), kind="archive")
+        return self._put(agent, row, agent.export_stopped(row.id, agent.transfer_parent(), kind="archive"),
+                         "archive")
+
+    def upload_snapshot(self, agent: Any, row: SandboxRow, snapshot: str) -> tuple[dict[str, Any], dict[str, str],
+                                                                                    int]:
+        """Export snapshot ``snapshot`` (its node key) of sandbox ``row`` from node ``agent`` (its disk only) and put
+        it in the store; returns and raises as :meth:`upload`."""
+        return self._put(agent, row, agent.export_snapshot(row.id, snapshot, agent.transfer_parent()), "snapshot")
+
+    def _put(self, agent: Any, row: SandboxRow, manifest: dict[str, Any], kind: str
+             ) -> tuple[dict[str, Any], dict[str, str], int]:
         key = self.key(row.account_id)
 
         def one(name: str) -> tuple[str, int]:
-            return self.objects.put(key, row.account_id, agent.export_file(row.id, name, kind="archive"),
+            return self.objects.put(key, row.account_id, agent.export_file(row.id, name, kind=kind),
                                     sha256=str(manifest["files"][name]["sha256"]))
 
         try:
@@ -194,23 +228,29 @@ class SealArchive:
                 done = dict(zip(manifest["files"], pool.map(one, manifest["files"]), strict=True))
         finally:
             try:
-                agent.end_export(row.id, kind="archive")
+                agent.end_export(row.id, kind=kind)
             except NodeError as e:
                 log.warning("cleaning up the seal export of %s: %s", row.id, e.message)
         return manifest, {n: obj for n, (obj, _) in done.items()}, sum(max(n, 0) for _, n in done.values())
 
-    def restore(self, dst: Any, arch: ArchiveRow) -> dict[str, Any]:
+    def restore(self, dst: Any, arch: ArchiveRow, disk_only: bool = False) -> dict[str, Any]:
         """Make the stored seal ``arch`` the stopped sandbox on node ``dst`` (through a seal replica there, module
-        docstring). Returns the shape of :func:`sbx.control.cluster.relocate.move_stopped`'s answer (``delta``
-        ``"seal-store"``). Raises ``NodeError`` (``transfer_failed`` when the store fails or an object's checks
-        do; the destination keeps nothing then)."""
+        docstring); with ``disk_only`` without its memory image (it boots from the disk). Returns the shape of
+        :func:`sbx.control.cluster.relocate.move_stopped`'s answer (``delta`` ``"seal-store"``). Raises
+        ``NodeError`` (``transfer_failed`` when the store fails or an object's checks do; the destination keeps
+        nothing then)."""
         t0 = time.monotonic()
         sid = arch.sandbox_id
         clear_stale(dst, sid)
         key = self.key(arch.account_id)
+        manifest, objects = arch.manifest, arch.objects
+        if disk_only:
+            objects = {n: o for n, o in objects.items() if not n.startswith("memory/")}
+            manifest = {**manifest, "memory": False, "fingerprint": None,
+                        "files": {n: f for n, f in manifest["files"].items() if n in objects}}
         try:
-            dst.begin_replica(arch.manifest)
-            for name, obj in arch.objects.items():
+            dst.begin_replica(manifest)
+            for name, obj in objects.items():
                 dst.replica_stream(sid, name, self.objects.get(key, obj))
             dst.seal_replica(sid)
             info = dst.promote_replica(sid)
@@ -252,6 +292,7 @@ class Archiver(LeaderLoop):
         self.cp = control
         self.last: dict[str, Any] = {}
         self.swept = 0.0
+        self.rescue = Rescue(control)
 
     def start(self) -> None:
         if self.cp.archive is not None:
@@ -259,11 +300,13 @@ class Archiver(LeaderLoop):
         super().start()
 
     def run_once(self) -> dict[str, Any]:
-        """Free what deleted sandboxes stored, then upload up to :data:`BATCH` stopped sandboxes' new seals.
-        Returns ``{"stored": [{"id", "node", "bytes", "sent", "seconds"}], "failed": [{"id", "error"}], "freed":
-        [object names]}``."""
+        """Free what deleted sandboxes stored, bring back the running sandboxes of lost nodes, then upload up to
+        :data:`BATCH` stopped sandboxes' new seals and as many running sandboxes' new automatic snapshots
+        (:mod:`sbx.control.cluster.rescue`). Returns ``{"stored": [{"id", "node", "bytes", "sent", "seconds"}],
+        "snapshots": [{"id", "snapshot", "node", "bytes", "sent", "seconds"}], "recovered": [the ``recovered``
+        events], "failed": [{"id", "error"}], "freed": [object names]}``."""
         arch = self.cp.archive
-        out: dict[str, Any] = {"stored": [], "failed": [], "freed": []}
+        out: dict[str, Any] = {"stored": [], "snapshots": [], "recovered": [], "failed": [], "freed": []}
         if arch is None:
             return out
         cp = self.cp
@@ -278,8 +321,13 @@ class Archiver(LeaderLoop):
         if time.monotonic() - self.swept >= SWEEP_EVERY or not self.swept:
             out["freed"] += arch.sweep()
             self.swept = time.monotonic()
-        settled = utcnow() - dt.timedelta(seconds=min(SETTLE, self.period))
         default = cp.router.default_name
+        self.rescue.lost.update({n: c.status for n, c in cands.items()})
+        for row in lost_todo(rows.values(), have, self.rescue.lost, set(cands), default):
+            if self._stop.is_set():
+                break
+            self.rescue.recover(row, out)
+        settled = utcnow() - dt.timedelta(seconds=min(SETTLE, self.period))
         todo = [r for r in rows.values() if r.state == "stopped" and not r.no_snapshots
                 and (r.id not in have or as_utc(have[r.id].sealed_at) != as_utc(r.updated_at))
                 and as_utc(r.updated_at) <= settled
@@ -288,6 +336,12 @@ class Archiver(LeaderLoop):
             if self._stop.is_set():
                 break
             self._store(arch, row, have.get(row.id), out)
+        newest = {s.sandbox_id: s for s in cp.store.list_snapshots(auto=True)}  # oldest first: the newest wins
+        answering = {n for n, c in cands.items() if c.status != "unreachable"}
+        for row, snap in snapshot_todo(rows.values(), arch.all(), newest, answering, default)[:BATCH]:
+            if self._stop.is_set():
+                break
+            self.rescue.upload(row, snap, out)
         self.last = out
         return out
 

@@ -20,7 +20,7 @@ from sbx.control.accounts import plans
 from sbx.control.accounts.keys import Accounts
 from sbx.control.accounts.metering import Meter
 from sbx.control.cluster import capacity
-from sbx.control.cluster.archive import SealArchive
+from sbx.control.cluster.archive import SealArchive, is_current
 from sbx.control.cluster.capacity import HostResources
 from sbx.control.cluster.registry import NodeRegistry
 from sbx.control.cluster.replicas import ReplicaBook, forget_on_state_change
@@ -142,7 +142,9 @@ class PlaneBase(Admission):
         ``cordoned`` or ``unreachable``: :mod:`sbx.control.cluster.registry`; ``state`` stays what it was while its
         node is unreachable), ``replicaNode`` (a stopped sandbox's node holding a current copy of its disk and memory
         image, where it resumes should its own node be gone: :mod:`sbx.control.cluster.replicas`; null otherwise),
-        ``sealStored`` (a stopped sandbox whose current seal is in the seal store: :mod:`sbx.control.cluster.archive`).
+        ``sealStored`` (a stopped sandbox whose current seal is in the seal store: :mod:`sbx.control.cluster.archive`),
+        ``sealStoredAt`` (when the newest seal in the seal store was made: a stop's, or a running sandbox's automatic
+        snapshot, :mod:`sbx.control.cluster.rescue`; null when none is stored).
         ``stats`` is a fresh node sample while running (while stopped: disk space only), zeros otherwise;
         ``space=False`` leaves ``diskUniqueBytes`` at 0 (list views and events: it costs a scan of every image on
         the volume)."""
@@ -175,7 +177,7 @@ class PlaneBase(Admission):
             "node": row.node or self.registry.name,
             "nodeStatus": self.registry.status(row.node),
             "replicaNode": self._replica_node(row),
-            "sealStored": self.archive is not None and self.archive.current(row) is not None,
+            **self._sealed(row),
             "stats": stats_view(self._stats(row, space) if stats else None),
         }
 
@@ -233,6 +235,13 @@ class PlaneBase(Admission):
         else:
             payload = {"event": "state", "id": row.id, "state": row.state}
         self.add_event(row.id, payload)
+
+    def _sealed(self, row: SandboxRow) -> dict[str, Any]:
+        """``sealStored`` and ``sealStoredAt`` of :meth:`view`."""
+        stored = self.archive.get(row.id) if self.archive is not None else None
+        if stored is None:
+            return {"sealStored": False, "sealStoredAt": None}
+        return {"sealStored": is_current(stored, row), "sealStoredAt": iso(stored.sealed_at)}
 
     def add_event(self, sandbox_id: str, payload: dict[str, Any]) -> None:
         """Append an event line for the sandbox and wake event streams."""

@@ -44,8 +44,9 @@ from sbx.storage.errors import StorageError
 CHUNK = 1 << 20
 """Bytes per piece of a transferred file."""
 
-EXPORT_KINDS = ("move", "replica", "archive")
-"""What an export is for: a move (the sandbox leaves this node) or a seal replica (a copy kept on another node)."""
+EXPORT_KINDS = ("move", "replica", "archive", "snapshot")
+"""What an export is for: a move (the sandbox leaves this node), a seal replica (a copy kept on another node), the seal
+store (a stopped sandbox's seal), or the seal store's copy of a running sandbox's snapshot (its disk only)."""
 
 SEEK_DATA, SEEK_HOLE = 3, 4
 
@@ -205,6 +206,45 @@ class TransferMixin(NodeBase):
             }
             (out / "manifest.json").write_text(json.dumps(manifest))
             return manifest
+
+    def export_snapshot(self, id: str, snapshot: str, parent: dict[str, str] | None = None) -> dict[str, Any]:
+        """Prepare snapshot ``snapshot`` of sandbox ``id`` (running or not) for the seal store, as
+        :meth:`export_stopped` does a stopped sandbox (export kind ``"snapshot"``): its disk as a delta against this
+        node's base image when ``parent`` has the same digest, no memory. The snapshot's image is hard-linked into
+        the export first, so pruning it meanwhile changes nothing. Returns the manifest of :meth:`export_stopped`
+        (``memory`` false, ``fingerprint`` null) with ``"snapshot": snapshot``. Raises ``NodeError``: ``not_found``
+        (no such sandbox or snapshot), ``invalid_snapshot_name``, ``transfer_failed``."""
+        src = self._snapshot_path(snapshot)  # type: ignore[attr-defined]
+        with self._lock(id):
+            rec = self._record(id)
+            out = self._export_dir(id, "snapshot")
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            try:
+                os.link(src, out / "disk.ext4")
+            except FileNotFoundError:
+                shutil.rmtree(out, ignore_errors=True)
+                raise NodeError("not_found", f"snapshot {snapshot!r} does not exist") from None
+        mine = self.transfer_parent()
+        use_parent = parent is not None and parent.get("sha256") == mine["sha256"] and self._image_of(rec) is None
+        try:
+            delta.export_delta(out / "disk.ext4", self.image if use_parent else None, out / "disk.delta")
+        except StorageError as e:
+            shutil.rmtree(out, ignore_errors=True)
+            raise NodeError("transfer_failed", f"exporting snapshot {snapshot}: {e}") from e
+        finally:
+            (out / "disk.ext4").unlink(missing_ok=True)
+        manifest = {
+            "id": id, "spec": rec["spec"], "size": rec.get("size", rec["spec"].get("size")),
+            "diskGen": int(rec.get("diskGen", 0)), "uidBase": int(rec.get("uidBase", 0)),
+            "oomKills": int(rec.get("oomKills", 0)), "memory": False, "freshIdentity": False,
+            "parent": mine if use_parent else None, "fingerprint": None, "snapshot": snapshot,
+            "files": {"disk.delta": {"size": (out / "disk.delta").stat().st_size,
+                                     "sha256": _sha256_file(out / "disk.delta")}},
+            "from": self.settings.node_name,
+        }
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        return manifest
 
     def export_file(self, id: str, name: str, kind: str = "move") -> Iterator[bytes]:
         """The bytes of file ``name`` of the export of ``id`` for ``kind`` (a manifest name), in pieces of

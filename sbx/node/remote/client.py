@@ -164,6 +164,9 @@ class RemoteNode(EgressClient):
     def export_stopped(self, id: str, parent: dict[str, str] | None = None, kind: str = "move") -> dict[str, Any]:
         return self._call("export_stopped", id, parent, kind)  # type: ignore[no-any-return]
 
+    def export_snapshot(self, id: str, snapshot: str, parent: dict[str, str] | None = None) -> dict[str, Any]:
+        return self._call("export_snapshot", id, snapshot, parent)  # type: ignore[no-any-return]
+
     def end_export(self, id: str, kind: str = "move") -> None:
         self._call("end_export", id, kind)
 

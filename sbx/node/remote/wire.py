@@ -49,7 +49,8 @@ CALLS = frozenset({
     # live migration (sbx.node.migration.outgoing): the destination prepares and may drop an arrival; the source moves
     "migrate_prepare", "migrate_abort", "migrate_out",
     # a stopped sandbox moving between nodes (sbx.node.migration.transfer); its files have their own streaming routes
-    "transfer_parent", "export_stopped", "end_export", "begin_import", "abort_import", "commit_import",
+    "transfer_parent", "export_stopped", "export_snapshot", "end_export", "begin_import", "abort_import",
+    "commit_import",
     # seal replicas (sbx.node.migration.replicas); their files stream in on their own route
     "begin_replica", "seal_replica", "drop_replica", "replicas", "promote_replica",
     # which sandboxes go through the egress proxy; its questions have their own routes (sbx.node.remote.egresslink)

@@ -13,8 +13,8 @@ from tests.fakes import Api, make_api, wait_until
 SANDBOX_KEYS = {
     "id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason", "createdAt",
     "updatedAt", "subdomain", "url", "ttl", "autoResume", "noSnapshots", "labels", "stats",
-    "memorySaved", "stopReason", "stopError", "error", "node", "nodeStatus", "replicaNode", "sealStored", "image",
-    "runtime", "volumes",
+    "memorySaved", "stopReason", "stopError", "error", "node", "nodeStatus", "replicaNode", "sealStored",
+    "sealStoredAt", "image", "runtime", "volumes",
 }
 STATS_KEYS = {"memoryTotalMb", "memoryUsedMb", "cpuPercent", "diskUsedMb", "oomKills", "diskAllocatedBytes",
               "diskUniqueBytes"}
