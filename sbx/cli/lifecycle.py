@@ -91,7 +91,7 @@ def info(sandbox_id: str = typer.Argument(..., help="Sandbox id."), json_: bool 
     table.add_column()
     for key in ("id", "name", "type", "state", "memoryGB", "vcpus", "diskGB", "memoryRestored", "resumeReason",
                 "memorySaved", "stopReason", "stopError", "ttl", "autoResume", "noSnapshots", "subdomain", "url",
-                "node", "nodeStatus", "replicaNode", "sealStored", "createdAt", "updatedAt"):
+                "node", "nodeStatus", "replicaNode", "sealStored", "sealStoredAt", "createdAt", "updatedAt"):
         value = sb.get(key)
         table.add_row(key, json.dumps(value) if value is None or isinstance(value, bool) else str(value))
     for vol in sb.get("volumes") or []:
