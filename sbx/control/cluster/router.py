@@ -140,7 +140,7 @@ class NodeRouter:
         if old is not None:
             old[2].close()
         if self._on_exit is not None:
-            client.watch(self._on_exit)
+            client.watch(self._exit_from(info.name))
         self._serve_egress(info.name, client)
         return info.name, info
 
@@ -150,7 +150,7 @@ class NodeRouter:
         with self._guard:
             self._attached[name] = (url, agent)
         if self._on_exit is not None:
-            agent.watch(self._on_exit)
+            agent.watch(self._exit_from(name))
         self._serve_egress(name, agent)
 
     def store_token(self, name: str) -> str:
@@ -201,7 +201,7 @@ class NodeRouter:
             c.close()
         for name, c in opened:
             if self._on_exit is not None:
-                c.watch(self._on_exit)
+                c.watch(self._exit_from(name))
             self._serve_egress(name, c)
 
     def pool_take(self, size: str) -> str | None:
@@ -369,8 +369,23 @@ class NodeRouter:
 
     def watch(self, on_exit: Callable[[str, str, str | None], None]) -> None:
         self._on_exit = on_exit
-        for _url, agent in self.agents().values():
-            agent.watch(on_exit)
+        for name, (_url, agent) in self.agents().items():
+            agent.watch(self._exit_from(None if agent is self.default else name))
+
+    def _exit_from(self, name: str | None) -> Callable[[str, str, str | None], None]:
+        """The exit callback for the agent of node ``name`` (None: the configured node, whatever its name): the
+        exit of a sandbox the store puts on another node is not that sandbox's (a copy left on a node that was lost
+        meanwhile, :mod:`sbx.control.cluster.rescue`, or a source a move left) and is dropped."""
+        def on_exit(sandbox_id: str, kind: str, detail: str | None) -> None:
+            row = self.store.get_sandbox(sandbox_id)
+            node = name or self.default_name
+            if row is not None and (row.node or self.default_name) != node:
+                log.info("node %s: %s ended (%s), but it runs on %s now: ignored", node, sandbox_id, kind, row.node)
+                return
+            if self._on_exit is not None:
+                self._on_exit(sandbox_id, kind, detail)
+
+        return on_exit
 
     def unwatch(self) -> None:
         self._on_exit = None

@@ -131,3 +131,20 @@ def test_a_snapshot_seal_is_recorded_only_when_newer_and_a_recovery_takes_its_di
         assert arch.record_snapshot(row, t1 + dt.timedelta(seconds=9), manifest, objects) is None  # deleted
     finally:
         cp.close()
+
+
+def test_an_exit_reported_by_a_node_the_sandbox_no_longer_runs_on_changes_nothing(tmp_path: Path) -> None:
+    home = FakeNode(tmp_path / "node")
+    cp = make_control(tmp_path, home)
+    try:
+        old = FakeNode(tmp_path / "old")
+        cp.router.attach("old", "local-old", old)  # e.g. a lost node that answers again, its copy still running
+        sid = str(cp.create("small").id)
+        wait_until(lambda: cp.get(sid).state == "running")
+        old.on_exit(sid, "crashed", "killed with its leftover copy")
+        assert cp.get(sid).state == "running"
+        home.on_exit(sid, "crashed", "really")  # its own node: it stopped
+        wait_until(lambda: cp.get(sid).state == "stopped")
+        assert cp.get(sid).stop_reason == "crashed"
+    finally:
+        cp.close()
