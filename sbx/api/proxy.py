@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import secrets
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
@@ -40,11 +39,9 @@ import h11
 
 from sbx.api.e2b.hosts import TRAFFIC_HEADER, native_host, unhosted_route
 from sbx.api.sessions import SESSION_COOKIE
+from sbx.api.upstream import Unreachable, open_upstream
 from sbx.config import Settings
-from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
-from sbx.node.remote.relay import open_relay
-from sbx.node.types import NodeError
 
 log = logging.getLogger("sbx.proxy")
 
@@ -52,7 +49,6 @@ TOKEN_HEADER = b"x-sbx-token"
 COOKIE = "sbx_token"
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT = 30.0
-CONNECT_TIMEOUT = 10.0
 PIPE_CHUNK = 64 * 1024
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer"}
 
@@ -228,37 +224,9 @@ class Proxy:
         cp.activity.begin(sandbox.id)
         active.append(sandbox.id)
         try:
-            await asyncio.to_thread(cp.routes.ensure_running, sandbox.id)
-            # a sandbox on another node's bridge is reached through that node's port relay (sbx.node.remote.relay)
-            relay = await asyncio.to_thread(cp.node.relay, sandbox.id)
-            address = "" if relay is not None else await asyncio.to_thread(cp.node.address, sandbox.id)
-        except ControlError as e:
-            writer.write(_error(e.status if e.status in (403, 404, 409) else 502, e.code, e.message, e.state))
-            await writer.drain()
-            return
-        except NodeError as e:
-            log.warning("proxy: no address for %s: %s", sandbox.id, e.message)
-            writer.write(_error(502, e.code, f"sandbox {sandbox.id} cannot be reached"))
-            await writer.drain()
-            return
-        try:
-            if relay is not None:
-                up_reader, up_writer = await open_relay(*relay, sandbox.id, route.port, timeout=CONNECT_TIMEOUT)
-            else:
-                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, route.port),
-                                                              CONNECT_TIMEOUT)
-        except NodeError as e:
-            if e.code != "unreachable":
-                log.warning("proxy: relay to %s refused: %s %s", sandbox.id, e.code, e.message)
-            writer.write(_error(502, "upstream_unreachable" if e.code == "unreachable" else e.code,
-                                f"nothing answers on port {route.port} of sandbox {sandbox.id}"))
-            await writer.drain()
-            return
-        except (OSError, TimeoutError) as e:
-            # never the sandbox's internal address: callers of a public route are not the sandbox's owner
-            why = "timed out" if isinstance(e, TimeoutError) else (os.strerror(e.errno) if e.errno else "failed")
-            writer.write(_error(502, "upstream_unreachable",
-                                f"nothing answers on port {route.port} of sandbox {sandbox.id} ({why.lower()})"))
+            up_reader, up_writer = await open_upstream(cp, sandbox.id, route.port)
+        except Unreachable as e:
+            writer.write(_error(e.status, e.code, e.message, e.state))
             await writer.drain()
             return
 

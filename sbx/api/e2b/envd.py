@@ -47,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import sbx.api.e2b.fs as fs
+import sbx.api.e2b.ports as ports
 import sbx.api.e2b.procs as procs
 import sbx.api.e2b.starts as starts
 from sbx.api.e2b.connect import (
@@ -121,8 +122,44 @@ class Envd(FilesRoutes):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request named by its ``E2b-Sandbox-Id`` header (see the module's doc)."""
         request = Request(scope, receive)
+        port = request.headers.get("e2b-sandbox-port", str(ENVD_PORT))
+        if port != str(ENVD_PORT) and request.headers.get("e2b-sandbox-id"):
+            await self.forward_port(request, port, scope, receive, send)
+            return
         response = await self.handle(request)
         await response(scope, receive, send)
+
+    async def forward_port(self, request: Request, port: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Another port than envd's: forwarded to the sandbox by :mod:`sbx.api.e2b.ports`, or refused there."""
+        sid = request.headers.get("e2b-sandbox-id", "")
+
+        def check() -> Response | int:
+            gone = self._not_running(sid)
+            if gone is not None:
+                return gone
+            return ports.refusal(self.cp, self.secret, sid, port, request.headers.get("e2b-traffic-access-token", ""))
+
+        try:
+            decided = await run_in_threadpool(check)
+        except Exception:  # a bug: logged, answered as E2B's edge would rather than a bare 500
+            log.exception("unexpected error forwarding port %s of %s", port[:8], sid)
+            decided = http_error(502, "internal error; see the server log")
+        if isinstance(decided, Response):
+            await decided(scope, receive, send)
+            return
+        await ports.forward(self.cp, sid, decided, scope, receive, send)
+
+    def _not_running(self, sid: str) -> Response | None:
+        """E2B's 502 for a sandbox that is unknown, deleted, failed, or stopped without ``autoResume``; None when
+        it runs or resumes on demand."""
+        row = self.cp.store.get_sandbox(sid) if sid else None
+        if row is None or row.state in ("deleted", "deleting", "error") or (
+                row.state in ("stopped", "stopping") and not row.auto_resume):
+            if row is None or row.state in ("deleted", "deleting"):
+                self.watchers.forget(sid)
+                self.ready.forget(sid)
+            return not_found_502(sid)
+        return None
 
     def _check(self, request: Request) -> tuple[str, Response | None]:
         """The sandbox id, and the answer to give instead of serving (502, 401), if any."""
@@ -133,18 +170,9 @@ class Envd(FilesRoutes):
             if isinstance(found, Response):
                 return "", found
             sid = found
-        port = request.headers.get("e2b-sandbox-port", str(ENVD_PORT))
-        row = self.cp.store.get_sandbox(sid) if sid else None
-        if row is None or row.state in ("deleted", "deleting", "error") or (
-                row.state in ("stopped", "stopping") and not row.auto_resume):
-            if row is None or row.state in ("deleted", "deleting"):
-                self.watchers.forget(sid)
-                self.ready.forget(sid)
-            return sid, not_found_502(sid)
-        if port != str(ENVD_PORT):
-            return sid, JSONResponse({"sandboxId": sid, "message": f"port {port[:8]} of a sandbox is not reachable "
-                                      "through E2B_SANDBOX_URL on sbx (only envd's, 49983)", "code": 502},
-                                     status_code=502)
+        gone = self._not_running(sid)
+        if gone is not None:
+            return sid, gone
         if request.url.path == "/health":
             return sid, None
         given = request.headers.get("x-access-token", "")

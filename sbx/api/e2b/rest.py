@@ -155,7 +155,8 @@ class Api:
     def template(self, who: Principal, template: str) -> tuple[str, str | None]:
         """``(size, image name or None)`` of E2B's ``templateID``: ``base`` is sbx's default size and image, a
         size name that size of the default image, any other name one of the account's images (or a shared one,
-        ``sbx image list``) at the default size. 400 for anything else."""
+        ``sbx image list``) at the default size, or the first larger size whose disk holds the image. 400 for
+        anything else."""
         if template == DEFAULT_TEMPLATE:
             return DEFAULT_SIZE, None
         if template in self.cp.settings.sizes:
@@ -167,7 +168,11 @@ class Api:
         if found is None:
             raise E2BError(400, f"unknown template {template[:80]!r}; sbx templates are 'base', the sizes "
                            f"({', '.join(self.cp.settings.sizes)}) and the account's images (`sbx image list`)")
-        return DEFAULT_SIZE, found.name
+        need = int((found.facts or {}).get("size_bytes") or 0)
+        sizes = list(self.cp.settings.sizes.values())
+        start = next((i for i, z in enumerate(sizes) if z.name == DEFAULT_SIZE), 0)
+        fits = next((z.name for z in sizes[start:] if need <= z.disk_mib << 20), DEFAULT_SIZE)
+        return fits, found.name  # none fits: the create says image_too_large
 
     @staticmethod
     def template_of(row: SandboxRow) -> str:

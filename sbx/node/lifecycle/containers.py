@@ -8,6 +8,7 @@ and :meth:`LifecycleMixin.mounted_root` for tests and tools. Stop and resume are
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -38,6 +39,7 @@ from sbx.storage import disk as disks
 from sbx.storage.errors import StorageError
 
 READY_TIMEOUT = 90.0
+log = logging.getLogger("sbx.node")
 
 
 class LifecycleMixin(NodeBase):
@@ -58,9 +60,11 @@ class LifecycleMixin(NodeBase):
                 raise NodeError("not_found", f"snapshot {from_snapshot!r} does not exist")
             use_template = from_snapshot is None and not cold and self.settings.templates and not gvisor
             if self._pool_claim(spec, use=use_template):
+                self._write_env(spec)
                 return "pool"
             self._new_record(spec)
             if use_template and self._create_from_template(spec):
+                self._write_env(spec)
                 self._pool_fill_later(spec.size, spec.image)
                 return "template"
             try:
@@ -69,9 +73,20 @@ class LifecycleMixin(NodeBase):
                 raise NodeError("boot_failed", f"disk: {e}") from e
             self._set_phase(spec.id, "stopped", startedFrom="boot")
             self._boot(spec.id, spec.size, fresh_identity=True)
+            self._write_env(spec)
         if from_snapshot is None and not gvisor:
             self._want_template(spec.size, spec.image)
         return "boot"
+
+    def _write_env(self, spec: SandboxSpec) -> None:
+        """The sandbox's environment (``spec.env``, the variables sbx adds to each of its commands) as a JSON object
+        in its ``/etc/sbx/env.json``, for programs that sbx does not start (the code-interpreter image's server
+        reads it); written at every create, warm sandbox, memory template and boot alike. A failure is logged: the
+        sandbox's commands get the variables anyway."""
+        try:
+            guestfs.write_file(self._hostroot(spec.id), "etc/sbx/env.json", json.dumps(spec.env).encode())
+        except (OSError, guestfs.UnsafePath) as e:
+            log.warning("could not write /etc/sbx/env.json into %s: %s", spec.id, e)
 
     def _write_bundle(self, sid: str, rec: dict[str, Any], size: Size) -> Path:
         bundle = self._bundle(sid)

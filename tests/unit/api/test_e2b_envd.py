@@ -89,8 +89,8 @@ def test_health_token_and_paused_sandboxes(api: Api) -> None:
     assert r.status_code == 401 and r.json()["code"] == 401
     r = api.c.post("/process.Process/List", json={}, headers={**hdr, "X-Access-Token": "0" * 64})
     assert r.status_code == 401
-    r = api.c.get("/health", headers={**hdr, "E2b-Sandbox-Port": "8080"})
-    assert r.status_code == 502
+    r = api.c.get("/health", headers={**hdr, "E2b-Sandbox-Port": "99999"})
+    assert (r.status_code, r.json()["code"]) == (400, 400)
     api.c.post(f"/e2b/sandboxes/{sid}/pause", json={}, headers={"X-API-KEY": TOKEN})
     assert api.c.get("/health", headers=hdr).status_code == 502
 
@@ -385,3 +385,74 @@ def test_a_stream_ends_with_deadline_exceeded_at_its_deadline(api: Api, tmp_path
     got = frames(r.content)
     assert got[0] == (0, {"start": {}})
     assert got[-1] == (2, {"error": {"code": "deadline_exceeded", "message": "the call's deadline passed"}})
+
+
+def test_other_ports_forward_only_by_e2b_rules(api: Api) -> None:
+    """Another port than envd's is forwarded only for a sandbox made through E2B's API, and a private one's only
+    with its traffic token (the forwarding itself is tested on real sandboxes: tests/e2e/api/test_e2b_interpreter.py)."""
+    native = api.new()["id"]
+    r = api.c.get("/health", headers={"E2b-Sandbox-Id": native, "E2b-Sandbox-Port": "8080"})
+    assert r.status_code == 502 and "only sandboxes created through E2B's API" in r.json()["message"]
+    made = api.c.post("/e2b/v2/sandboxes", json={"templateID": "base", "network": {"allowPublicTraffic": False}},
+                      headers={"X-API-KEY": TOKEN}).json()
+    private = {"E2b-Sandbox-Id": made["sandboxID"], "E2b-Sandbox-Port": "49999"}
+    r = api.c.get("/health", headers=private)
+    assert (r.status_code, r.json()["code"]) == (401, 401)
+    r = api.c.get("/health", headers={**private, "E2B-Traffic-Access-Token": "0" * 64})
+    assert r.status_code == 401 and "a wrong" in r.json()["message"]
+    r = api.c.get("/health", headers={"E2b-Sandbox-Id": "sb_nothere000", "E2b-Sandbox-Port": "49999"})
+    assert r.status_code == 502 and r.json()["message"] == "The sandbox was not found"
+
+
+def test_another_port_is_forwarded_with_e2b_headers_removed(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forwarding itself, against an HTTP server on this host standing in for the sandbox's port: the request
+    arrives without E2B's headers and tokens, the streamed answer comes back whole; a refused port gets E2B's 502."""
+    import asyncio
+    import http.server
+    import threading
+
+    seen: list[dict[str, str]] = []
+
+    class Port(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append({**{k.lower(): v for k, v in self.headers.items()}, "path": self.path, "body": body.decode()})
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for line in (b'{"n": 1}\n', b'{"n": 2}\n'):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.write(b"0\r\n\r\n")
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Port)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    target = {"port": httpd.server_address[1]}
+
+    async def fake_open(cp: Any, sandbox_id: str, port: int) -> Any:
+        from sbx.api.upstream import Unreachable
+        try:
+            return await asyncio.open_connection("127.0.0.1", target["port"])
+        except ConnectionRefusedError as e:  # as sbx.api.upstream.open_upstream says it
+            raise Unreachable(502, "upstream_unreachable", f"nothing answers on port {port}", refused=True) from e
+
+    monkeypatch.setattr("sbx.api.e2b.ports.open_upstream", fake_open)
+    sid, hdr = sandbox(api)
+    try:
+        r = api.c.post("/execute?x=1", content=b'{"code": "1"}', headers={**hdr, "E2b-Sandbox-Port": "49999",
+                                                                           "Content-Type": "application/json"})
+        assert r.status_code == 200 and r.text == '{"n": 1}\n{"n": 2}\n'
+        got = seen[-1]
+        assert got["path"] == "/execute?x=1" and got["body"] == '{"code": "1"}' and got["host"] == "localhost:49999"
+        assert not {"e2b-sandbox-id", "e2b-sandbox-port", "x-access-token"} & set(got)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    target["port"] = httpd.server_address[1]  # closed now: refused
+    monkeypatch.setattr("sbx.api.e2b.ports.BOOT_WAIT", 0.5)
+    r = api.c.post("/execute", content=b"{}", headers={**hdr, "E2b-Sandbox-Port": "49999"})
+    assert r.status_code == 502 and r.json()["code"] == 502 and "nothing answers" in r.json()["message"]
