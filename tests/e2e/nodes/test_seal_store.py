@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,20 @@ def s3() -> Iterator[S3Server]:
         yield srv
 
 
+@contextmanager
+def seal_store_cluster(tmp: Path, s3: S3Server, node: str, bridge: str, subnet: str,
+                       **env: str) -> Iterator[tuple[Server, list[NodeHost]]]:
+    """:func:`node_cluster` of nodes 12 and 13 whose server's seal store is ``s3``'s bucket :data:`BUCKET`, a pass
+    every second (``env``: more settings)."""
+    with node_cluster(tmp, [12, 13], node, bridge, subnet, SBX_SEAL_STORE=f"s3://{BUCKET}/seals",
+                      SBX_SEAL_STORE_SECONDS="1", SBX_S3_ENDPOINT=s3.endpoint, SBX_S3_REGION=REGION,
+                      SBX_S3_ACCESS_KEY=ACCESS_KEY, SBX_S3_SECRET_KEY=SECRET_KEY, **env) as c:
+        yield c
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, s3: S3Server) -> Iterator[tuple[Server, list[NodeHost]]]:
-    with node_cluster(tmp_path_factory.mktemp("sbx-sealstore"), [12, 13], "sssrv", "sbxsssv", "10.150.0.0/16",
-                      SBX_SEAL_STORE=f"s3://{BUCKET}/seals", SBX_SEAL_STORE_SECONDS="1", SBX_S3_ENDPOINT=s3.endpoint,
-                      SBX_S3_REGION=REGION, SBX_S3_ACCESS_KEY=ACCESS_KEY, SBX_S3_SECRET_KEY=SECRET_KEY) as c:
+    with seal_store_cluster(tmp_path_factory.mktemp("sbx-sealstore"), s3, "sssrv", "sbxsssv", "10.150.0.0/16") as c:
         yield c
 
 
@@ -58,6 +68,13 @@ def _new(srv: Server, nodes: list[NodeHost]) -> tuple[str, NodeHost, NodeHost]:
     return sid, home, next(n for n in nodes if n is not home)
 
 
+def _written(srv: Server, sid: str, name: str, size: int) -> str:
+    """Write ``size`` random bytes to ``~/name`` in sandbox ``sid``, synced; their SHA-256."""
+    ok(srv, "exec", sid, f"head -c {size} /dev/urandom > ~/{name} && sha256sum ~/{name} > ~/{name}.sha && sync",
+       timeout=300)
+    return ok(srv, "exec", sid, f"cat ~/{name}.sha").split()[0]
+
+
 def _lose(node: NodeHost, sid: str) -> None:
     """Kill -9 the node agent and delete the sandbox's data on that node."""
     node.kill()
@@ -70,8 +87,7 @@ def test_a_stopped_sandbox_resumes_from_the_bucket_when_its_node_is_gone(
     sid, home, other = _new(srv, nodes)
     start_holder(srv, sid)
     before = holder(srv, sid)
-    ok(srv, "exec", sid, "head -c 3000000 /dev/urandom > ~/kept.bin && sha256sum ~/kept.bin > ~/kept.sha")
-    kept = ok(srv, "exec", sid, "cat ~/kept.sha").split()[0]
+    kept = _written(srv, sid, "kept.bin", 3000000)
     ok(srv, "stop", sid, "--wait")
 
     poll(lambda: info(srv, sid)["sealStored"], "the seal to be in the bucket", 120)
@@ -99,8 +115,7 @@ def test_a_seal_cut_by_the_s3_server_dying_is_never_half_recorded(
         cluster: tuple[Server, list[NodeHost]], s3: S3Server) -> None:
     srv, nodes = cluster
     sid, home, other = _new(srv, nodes)
-    ok(srv, "exec", sid, "head -c 300000000 /dev/urandom > ~/big.bin && sha256sum ~/big.bin > ~/big.sha && sync")
-    want = ok(srv, "exec", sid, "cat ~/big.sha").split()[0]
+    want = _written(srv, sid, "big.bin", 300000000)
     ok(srv, "stop", sid, "--wait")
 
     # the S3 server dies while a part of the seal is on its way

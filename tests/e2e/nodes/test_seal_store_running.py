@@ -16,28 +16,24 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import info, node_cluster, ok
+from tests.e2e.cluster import info, ok
 from tests.e2e.conftest import Server
 from tests.e2e.helpers import poll
-from tests.e2e.nodes.test_seal_store import BUCKET, _new, _objects
+from tests.e2e.nodes import test_seal_store as sealstore
+from tests.e2e.nodes.test_seal_store import _new, _objects, _written, seal_store_cluster
 from tests.nodenet import NodeHost
-from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
+from tests.s3server import S3Server
 
 VOLUME_NODES = Path("/var/lib/sbx/volume/nodes")
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with s3_server(BUCKET) as srv:
-        yield srv
+s3 = sealstore.s3  # the bucket's S3 server (module scope: one per module)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, s3: S3Server) -> Iterator[tuple[Server, list[NodeHost]]]:
-    with node_cluster(tmp_path_factory.mktemp("sbx-sealrun"), [12, 13], "rssrv", "sbxrssv", "10.151.0.0/16",
-                      SBX_SEAL_STORE=f"s3://{BUCKET}/seals", SBX_SEAL_STORE_SECONDS="1",
-                      SBX_SEAL_STORE_LOST_SECONDS="5", SBX_AUTO_SNAPSHOT_SECONDS="5", SBX_S3_ENDPOINT=s3.endpoint,
-                      SBX_S3_REGION=REGION, SBX_S3_ACCESS_KEY=ACCESS_KEY, SBX_S3_SECRET_KEY=SECRET_KEY) as c:
+    with seal_store_cluster(tmp_path_factory.mktemp("sbx-sealrun"), s3, "rssrv", "sbxrssv", "10.151.0.0/16",
+                            SBX_SEAL_STORE_LOST_SECONDS="5", SBX_AUTO_SNAPSHOT_SECONDS="5") as c:
         yield c
 
 
@@ -65,8 +61,7 @@ def test_a_running_sandbox_whose_node_is_lost_comes_back_from_its_newest_stored_
         cluster: tuple[Server, list[NodeHost]], s3: S3Server) -> None:
     srv, nodes = cluster
     sid, home, other = _new(srv, nodes)
-    ok(srv, "exec", sid, "head -c 3000000 /dev/urandom > ~/kept.bin && sha256sum ~/kept.bin > ~/kept.sha && sync")
-    kept = ok(srv, "exec", sid, "cat ~/kept.sha").split()[0]
+    kept = _written(srv, sid, "kept.bin", 3000000)
     written = dt.datetime.now(dt.UTC)
 
     # a snapshot recorded after the write, then a later one: that one's copy began after the file was synced
