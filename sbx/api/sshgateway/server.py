@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from typing import Any
 
 import asyncssh
@@ -44,6 +45,9 @@ from sbx.control.errors import ControlError
 from sbx.control.service import ControlPlane
 from sbx.node.remote.relay import open_relay
 from sbx.node.types import NodeError
+
+Relay = tuple[str, int, str, ssl.SSLContext | None]
+"""A node's port relay: host, port, token, and the TLS context when the node is reached over TLS."""
 
 log = logging.getLogger("sbx.sshgateway")
 
@@ -219,7 +223,7 @@ class GatewayConnection(asyncssh.SSHServer):
             raise GatewayRefusal(f"sbx: the SSH server of sandbox {sid} does not answer "
                                  f"({type(e).__name__}: {e})") from None
 
-    async def _connect_soon(self, target: Target, relay: tuple[str, int, str] | None, address: str,
+    async def _connect_soon(self, target: Target, relay: Relay | None, address: str,
                             key: asyncssh.SSHKey) -> asyncssh.SSHClientConnection:
         """:meth:`_connect`, again while nothing listens on port 22 yet, for up to :data:`SSHD_WAIT` seconds: a
         sandbox made from a memory template or a fork with memory answers before its sshd (re)starts with its own
@@ -235,7 +239,7 @@ class GatewayConnection(asyncssh.SSHServer):
                     raise
             await asyncio.sleep(0.25)
 
-    async def _connect(self, target: Target, relay: tuple[str, int, str] | None, address: str,
+    async def _connect(self, target: Target, relay: Relay | None, address: str,
                        key: asyncssh.SSHKey) -> asyncssh.SSHClientConnection:
         opts: dict[str, Any] = {"username": target.user, "client_keys": [key], "known_hosts": None,
                                 "agent_path": None, "config": None, "preferred_auth": "publickey",

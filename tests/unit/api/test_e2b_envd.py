@@ -389,10 +389,11 @@ def test_a_stream_ends_with_deadline_exceeded_at_its_deadline(api: Api, tmp_path
 
 def test_other_ports_forward_only_by_e2b_rules(api: Api) -> None:
     """Another port than envd's is forwarded only for a sandbox made through E2B's API, and a private one's only
-    with its traffic token (the forwarding itself is tested on real sandboxes: tests/e2e/api/test_e2b_interpreter.py)."""
+    with its traffic token (forwarding on real sandboxes: tests/e2e/api/test_e2b_interpreter.py)."""
     native = api.new()["id"]
     r = api.c.get("/health", headers={"E2b-Sandbox-Id": native, "E2b-Sandbox-Port": "8080"})
-    assert r.status_code == 502 and "only sandboxes created through E2B's API" in r.json()["message"]
+    assert r.status_code == 502
+    assert "only sandboxes created through E2B's API" in r.json()["message"]
     made = api.c.post("/e2b/v2/sandboxes", json={"templateID": "base", "network": {"allowPublicTraffic": False}},
                       headers={"X-API-KEY": TOKEN}).json()
     private = {"E2b-Sandbox-Id": made["sandboxID"], "E2b-Sandbox-Port": "49999"}
