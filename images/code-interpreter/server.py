@@ -38,7 +38,41 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 PORT = int(os.environ.get("CODE_INTERPRETER_PORT", "49999"))
-HOME = os.path.expanduser("~")
+HOME = "/home/user"
+"""The default context's directory (kernels run as root, as on E2B, in the user's home)."""
+KERNEL_OPTIONS = ["--InteractiveShell.colors=NoColor", "--PlainTextFormatter.max_seq_length=0",
+                  "--HistoryManager.enabled=False"]
+"""A Python kernel's options: tracebacks without terminal colours, collections shown whole, and no history
+database (its SQLite file lock, held while the kernel runs, makes a pause lose the sandbox's memory: CRIU refuses
+to dump held file locks)."""
+SETUP = """\
+def _sbx_setup():
+    import sys
+    from IPython import get_ipython
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import ObjectName, Unicode
+
+    class DataFormatter(BaseFormatter):
+        format_type = Unicode("e2b/data")
+        print_method = ObjectName("_repr_e2b_data_")
+        _return_type = (dict,)
+
+        def __call__(self, obj):
+            pandas = sys.modules.get("pandas")  # a DataFrame exists only once pandas was imported
+            if pandas is not None and isinstance(obj, pandas.DataFrame):
+                columns = obj.to_dict(orient="list")
+                return {str(k): [v.isoformat() if hasattr(v, "isoformat") else v for v in vs]
+                        for k, vs in columns.items()}
+            return super().__call__(obj)
+
+    shell = get_ipython()
+    shell.display_formatter.formatters["e2b/data"] = DataFormatter(parent=shell.display_formatter)
+
+_sbx_setup()
+del _sbx_setup
+"""
+"""Run quietly in each new Python kernel: a pandas DataFrame shown as a cell's value also gives its columns as
+``data`` (``{"column": [values]}``), which E2B's SDK reads as ``Result.data``."""
 SOCKETS = os.path.join(os.environ.get("RUNTIME_DIRECTORY") or "/tmp", "code-interpreter")
 """Where the kernels' Unix sockets live (the unit's ``RuntimeDirectory``)."""
 UNHEARD = 30.0
@@ -51,7 +85,7 @@ LANGUAGES = {"python": "python3", "python3": "python3", "bash": "bash", "r": "ir
 """E2B's language names -> the kernel spec each needs; only those installed are served (:func:`kernel_for`)."""
 
 # a cell's result, by MIME type -> the field E2B's SDK reads it from
-MIME = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
+MIME = {"e2b/data": "data", "text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
         "image/png": "png", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
         "application/json": "json", "application/javascript": "javascript"}
 
@@ -94,10 +128,16 @@ class Context:
         self._start()
 
     def _start(self) -> None:
-        self.manager.start_kernel(cwd=self.cwd)
+        self.manager.start_kernel(cwd=self.cwd, extra_arguments=KERNEL_OPTIONS if self.spec == "python3" else [])
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
+        self._setup()
+
+    def _setup(self) -> None:
+        """What a new Python kernel runs before any cell: :data:`SETUP` (a DataFrame's columns as its ``data``)."""
+        if self.spec == "python3":
+            self._quiet(SETUP)
 
     def restart(self) -> None:
         """A fresh kernel in the same context (same id, language and cwd)."""
@@ -107,6 +147,7 @@ class Context:
             self.client = self.manager.client()
             self.client.start_channels()
             self.client.wait_for_ready(timeout=60)
+            self._setup()
             self.env_stamp = 0
 
     def shutdown(self) -> None:
@@ -201,6 +242,9 @@ class Context:
                         out[MIME[mime]] = value
                     else:
                         extra[mime] = value
+                text = out.get("text")
+                if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+                    out["text"] = text[1:-1]  # a string's value reads as the string, as on E2B
                 if extra:
                     out["extra"] = extra
             elif kind == "error":
@@ -302,6 +346,8 @@ class Handler(BaseHTTPRequestHandler):
             self._route(method)
         except Refused as e:
             self._answer(e.status, {"error": e.message})
+        except (OSError, RuntimeError) as e:  # a kernel that would not start (e.g. in a cwd it may not enter)
+            self._answer(500, {"error": f"{type(e).__name__}: {e}"})
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

@@ -2,8 +2,8 @@
 ``images/code-interpreter`` image, built as its README says under the SDK's default template name. Its calls reach
 the image's server on port 49999 through ``E2B_SANDBOX_URL`` with ``E2b-Sandbox-Port: 49999``
 (:mod:`sbx.api.e2b.ports`): cells with their value, streamed output, errors and a figure; per-cell environment
-variables; contexts; a cell past its timeout interrupted while the kernel keeps its state; a pause and a connect
-that keep the kernel's variables."""
+variables; a DataFrame's columns; contexts; a cell past its timeout interrupted while the kernel keeps its state; a
+pause and a connect that keep the kernel's variables."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.api.test_e2b_sdk import e2b_env  # noqa: F401  (a fixture: the SDK's URLs and key)
 from tests.e2e.conftest import Server
 
 pytest.importorskip("e2b_code_interpreter")
@@ -24,14 +25,10 @@ TEMPLATE = "code-interpreter-v1"  # the SDK's default template
 
 
 @pytest.fixture
-def interpreter(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+def interpreter(e2b_env: Server) -> Iterator[Server]:  # noqa: F811 (the fixture imported above)
     """The image built under the SDK's default template name, and the SDK's three variables."""
+    server = e2b_env
     server.sbx("image", "build", str(RECIPE), "--name", TEMPLATE, timeout=1500, check=True)
-    monkeypatch.setenv("E2B_API_URL", server.url + "/e2b")
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", server.token)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
     yield server
     deadline = time.monotonic() + 60  # a killed sandbox holds the image until its deletion ends
     while server.sbx("image", "delete", TEMPLATE).returncode != 0 and time.monotonic() < deadline:
@@ -54,16 +51,19 @@ def test_run_code_through_the_e2b_code_interpreter_sdk(interpreter: Server) -> N
         assert ex.logs.stderr == ["to err\n"]
         assert ex.error is not None and (ex.error.name, ex.error.value) == ("ZeroDivisionError", "division by zero")
 
-        ex = sbx.run_code("import os\nos.environ.get('FOO'), os.getuid() != 0", envs={"FOO": "bar"})
-        assert ex.text == "('bar', True)"  # the cell's own variable; code runs as the sandbox's user
+        ex = sbx.run_code("import os\nos.environ.get('FOO'), os.getuid()", envs={"FOO": "bar"})
+        assert ex.text == "('bar', 0)"  # the cell's own variable; cells run as root, as on E2B
         assert sbx.run_code("os.environ.get('FOO')").text is None  # ... for that cell only: None shows nothing
 
         ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
         assert ex.error is None, ex.error
         assert any(r.png for r in ex.results), [r.formats() for r in ex.results]
 
+        ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})")
+        assert ex.results[0].data == {"a": [1, 2, 3]} and "<table" in ex.results[0].html
+
         ctx = sbx.create_code_context(cwd="/tmp")
-        assert sbx.run_code("import os\nos.getcwd()", context=ctx).text == "'/tmp'"
+        assert sbx.run_code("import os\nos.getcwd()", context=ctx).text == "/tmp"  # a string reads unquoted
         assert sbx.run_code("x", context=ctx).error.name == "NameError"  # a context has its own variables
         assert ctx.id in [c.id for c in sbx.list_code_contexts()]
         sbx.remove_code_context(ctx)
